@@ -1,0 +1,1 @@
+"""trace-rollout service: allocation algorithms, predictor, tree store and the HTTP API."""

@@ -1,0 +1,270 @@
+"""Stage 1 — global root allocation.
+
+Given predicted success probabilities ``v_i`` for a pool of prompts, choose integer rollout counts
+``m_i ∈ {0} ∪ [m_min, m_max]`` that maximise the expected number of mixed groups
+
+    Σ_i w_i · V_root(v_i, m_i),   V_root(v, m) = 1 − v^m − (1 − v)^m  (m ≥ 1),  V_root(v, 0) = 0,
+
+subject to ``Σ_i m_i ≤ M`` and at most ``max_prompts`` active prompts (``w_i = 1`` for TRACE; Knapsack RL
+uses an information weight).  ``m_i = 0`` skips a prompt: filtering and count allocation are one decision.
+
+Two solvers share this objective:
+
+* :func:`allocate_roots_exact` — grouped-knapsack dynamic programme, O(B·M·m_max).  The reference.
+* :func:`allocate_roots` — the production solver, exact for the unweighted objective (property-tested
+  against the DP).  Why it is exact: the marginal gain ``Δ_m = v^m(1−v) + (1−v)^m·v`` decreases for
+  m ≥ 1 and ``V_root(·, 1) = 0``, so each prompt's value is an activation block of ``m_min`` units whose
+  average gain is at least every later gain, followed by concave single units.  ``V_root(v, m)`` also
+  falls as ``|v − ½|`` grows for every m, so with k active prompts the best k are the k closest to ½
+  (exchange argument) and the rest of the budget goes to the best single units among them.  Writing
+  ``F(k)`` for that value, the greedy on the concave envelope (blocks spread over their units) leaves at
+  most one block half-filled, and the optimum is ``F(k_G)`` or ``F(k_G + 1)`` around the envelope's
+  number of full blocks ``k_G``: dropping the half-filled block and spending its units on the next best
+single units, or completing it with the least valuable single units taken.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from trace_service.allocation._validate import FloatArray, IntArray, non_negative_int, probabilities
+
+#: Extras columns materialised first by the production solver (doubled while the threshold needs more).
+_FIRST_COLUMNS = 24
+
+
+@dataclass(frozen=True)
+class RootAllocation:
+    """Rollout counts per prompt (input order), the objective value reached and the budget left."""
+
+    counts: IntArray
+    expected_mixed: float
+    unspent: int
+
+
+def root_value(v: npt.ArrayLike, m: npt.ArrayLike) -> FloatArray:
+    """``V_root(v, m) = 1 − v^m − (1 − v)^m`` for m ≥ 1 and 0 for m = 0: P(m Bernoulli(v) draws are mixed)."""
+    v_arr = np.asarray(v, dtype=np.float64)
+    m_arr = np.asarray(m, dtype=np.float64)
+    value = 1.0 - v_arr**m_arr - (1.0 - v_arr) ** m_arr
+    return np.where(m_arr > 0, np.maximum(value, 0.0), 0.0)
+
+
+def _check_limits(
+    n_prompts: int, budget: int, min_rollouts: int, max_rollouts: int, max_prompts: int | None
+) -> int:
+    """Validate the caps; return the usable cap on active prompts."""
+    non_negative_int(budget, "budget")
+    non_negative_int(min_rollouts, "min_rollouts")
+    non_negative_int(max_rollouts, "max_rollouts")
+    if min_rollouts < 1:
+        raise ValueError("min_rollouts must be >= 1")
+    if max_rollouts < min_rollouts:
+        raise ValueError(f"max_rollouts ({max_rollouts}) must be >= min_rollouts ({min_rollouts})")
+    if max_prompts is None:
+        return n_prompts
+    return min(n_prompts, non_negative_int(max_prompts, "max_prompts"))
+
+
+def _weights(weight: npt.ArrayLike | None, n_prompts: int) -> FloatArray:
+    if weight is None:
+        return np.ones(n_prompts)
+    w = np.asarray(weight, dtype=np.float64)
+    if w.shape != (n_prompts,):
+        raise ValueError(f"weight must have shape ({n_prompts},), got {w.shape}")
+    if not np.all(np.isfinite(w)) or np.any(w < 0):
+        raise ValueError("weight must be finite and >= 0")
+    return w
+
+
+def _geometric_powers(base: FloatArray, first: int, out: FloatArray) -> FloatArray:
+    """Fill ``out[r, j] = base_r ** (first + j)`` by cumulative products (much cheaper than pow)."""
+    if out.shape[1]:
+        out[:, 0] = base**first
+        out[:, 1:] = base[:, None]
+        np.cumprod(out, axis=1, out=out)
+    return out
+
+
+def _top_units(values: FloatArray, take: int) -> npt.NDArray[np.bool_]:
+    """Mask of the ``take`` largest positive entries of a row-major matrix; ties go in row-major order.
+
+    Rows must be non-increasing, so each row's selection is a prefix (a valid allocation).
+    """
+    flat = values.ravel()
+    positive = int(np.count_nonzero(flat > 0.0))
+    if take >= positive:
+        return values > 0.0
+    if take <= 0:
+        return np.zeros(values.shape, dtype=bool)
+    threshold = np.partition(flat, flat.size - take)[flat.size - take]
+    chosen: npt.NDArray[np.bool_] = flat > threshold
+    ties = np.flatnonzero(flat == threshold)
+    chosen[ties[: take - int(np.count_nonzero(chosen))]] = True
+    return chosen.reshape(values.shape)
+
+
+def allocate_roots(
+    v: npt.ArrayLike,
+    budget: int,
+    *,
+    min_rollouts: int = 2,
+    max_rollouts: int = 64,
+    max_prompts: int | None = None,
+    weight: npt.ArrayLike | None = None,
+) -> RootAllocation:
+    """Production Stage 1 solver (see the module docstring for the objective and why it is exact).
+
+    Never spends more than ``budget`` and never spends a unit whose marginal value is zero (budget that
+    cannot buy any expected mixed group is returned as ``unspent``).  Ties between equal prompts go to the
+    earlier prompt.  With ``weight`` (Knapsack RL) the same search runs over the weighted values; it is
+    then a close heuristic and :func:`allocate_roots_exact` is the exact answer.
+    """
+    probs = probabilities(v, "v")
+    n_prompts = probs.size
+    prompt_cap = _check_limits(n_prompts, budget, min_rollouts, max_rollouts, max_prompts)
+    w = _weights(weight, n_prompts)
+    # One rollout is never mixed (V_root(v, 1) = 0), so a useful active prompt takes at least two.
+    lo = max(min_rollouts, 2)
+    n_extras = max(max_rollouts - lo, 0)
+    if max_rollouts < lo:
+        return RootAllocation(np.zeros(n_prompts, dtype=np.int64), 0.0, budget)
+
+    block_value = w * root_value(probs, lo)
+    rank = np.lexsort((np.arange(n_prompts), -block_value))
+    eligible = rank[block_value[rank] > 0.0][: min(prompt_cap, budget // lo)]
+    counts = np.zeros(n_prompts, dtype=np.int64)
+    if eligible.size == 0:
+        return RootAllocation(counts, 0.0, budget)
+
+    p = probs[eligible]
+    block = block_value[eligible]
+    # The envelope greedy only needs the extras above its threshold; grow the columns until no row's
+    # last one could reach it (at B = 4096 materialising all m_max columns costs more than the solve).
+    columns = min(n_extras, _FIRST_COLUMNS)
+    while True:
+        envelope = _envelope(p, w[eligible], block, lo, columns)
+        chosen = _top_units(envelope, budget)
+        threshold = float(envelope[chosen].min()) if chosen.any() else np.inf
+        if int(chosen.sum()) < budget:
+            threshold = 0.0  # every positive unit is taken: all of them must be in view
+        last = envelope[:, -1] if columns else np.zeros(0)
+        if columns == n_extras or not np.any(last >= max(threshold, np.finfo(float).tiny)):
+            break
+        columns = min(n_extras, 2 * columns)
+    extras = envelope[:, lo:]
+    units = chosen.sum(axis=1)
+    k_full = int(np.count_nonzero(units >= lo))
+    taken = units[:k_full] - lo
+    partial = int(units[k_full]) if k_full < units.size else 0
+
+    # F(k_full): drop the partial block and give its units to the best next extras.
+    counts_a = lo + _add_best_extras(extras[:k_full], taken.copy(), partial)
+    best = counts_a
+    if partial:
+        # F(k_full + 1): complete the partial block with the worst extras already taken.
+        counts_b = _drop_worst_extras(extras[:k_full], taken.copy(), lo - partial)
+        if counts_b is not None:
+            counts_b = np.append(lo + counts_b, lo)
+            gain_a = float((w[eligible[:k_full]] * root_value(p[:k_full], counts_a)).sum())
+            gain_b = float((w[eligible[: k_full + 1]] * root_value(p[: k_full + 1], counts_b)).sum())
+            if gain_b > gain_a * (1.0 + 1e-12):
+                best = counts_b
+    counts[eligible[: best.size]] = best
+    value = float((w * root_value(probs, counts)).sum())
+    return RootAllocation(counts, value, budget - int(counts.sum()))
+
+
+def _envelope(p: FloatArray, w: FloatArray, block: FloatArray, lo: int, columns: int) -> FloatArray:
+    """Concave envelope of each prompt's value: its block spread over lo units at the average gain,
+    then its first ``columns`` single-rollout gains
+
+        extras[r, j] = w·Δ_m(v_r) = w·v(1−v)·(v^(m−1) + (1−v)^(m−1)),   m = lo + j.
+
+    Each row is non-increasing, so the envelope's greedy fills whole rows except at most one block.
+    """
+    envelope = np.empty((p.size, lo + columns))
+    envelope[:, :lo] = (block / lo)[:, None]
+    extras = _geometric_powers(p, lo - 1, envelope[:, lo:])
+    extras += _geometric_powers(1.0 - p, lo - 1, np.empty((p.size, columns)))
+    extras *= (w * p * (1.0 - p))[:, None]
+    # Mathematically Δ_lo ≤ V(lo)/lo; clamp float noise so a block always precedes its extras.
+    np.minimum(extras, envelope[:, :1], out=extras)
+    return envelope
+
+
+def _add_best_extras(extras: FloatArray, taken: IntArray, units: int) -> IntArray:
+    """Give ``units`` more rollouts, one at a time, to the rows whose next extra gains most (if > 0)."""
+    rows = np.arange(taken.size)
+    for _ in range(units):
+        room = taken < extras.shape[1]
+        next_gain = np.where(room, extras[rows, np.minimum(taken, extras.shape[1] - 1)], 0.0)
+        row = int(np.argmax(next_gain)) if rows.size else 0
+        if not rows.size or next_gain[row] <= 0.0:
+            break
+        taken[row] += 1
+    return taken
+
+
+def _drop_worst_extras(extras: FloatArray, taken: IntArray, units: int) -> IntArray | None:
+    """Take back ``units`` extras, one at a time, from the rows whose last extra gains least."""
+    rows = np.arange(taken.size)
+    for _ in range(units):
+        last_gain = np.where(taken > 0, extras[rows, np.maximum(taken - 1, 0)], np.inf)
+        if not rows.size or np.all(np.isinf(last_gain)):
+            return None
+        taken[int(np.argmin(last_gain))] -= 1
+    return taken
+
+
+def allocate_roots_exact(
+    v: npt.ArrayLike,
+    budget: int,
+    *,
+    min_rollouts: int = 2,
+    max_rollouts: int = 64,
+    max_prompts: int | None = None,
+    weight: npt.ArrayLike | None = None,
+) -> RootAllocation:
+    """Exact Stage 1 by dynamic programming over prompts (the reference solver).
+
+    ``best[c, b]`` = the largest ``Σ w_i V_root(v_i, m_i)`` over the prompts seen so far using at most b
+    units and at most c active prompts; each prompt either stays at 0 or takes m ∈ [m_min, m_max].
+    O(B·C·M·(m_max − m_min + 1)) time with C = 1 without a prompt cap — for tests and benchmarks.
+    """
+    probs = probabilities(v, "v")
+    n_prompts = probs.size
+    prompt_cap = _check_limits(n_prompts, budget, min_rollouts, max_rollouts, max_prompts)
+    w = _weights(weight, n_prompts)
+    sizes = np.arange(min_rollouts, min(max_rollouts, budget) + 1)
+    capped = max_prompts is not None
+    n_layers = prompt_cap + 1 if capped else 1
+    best = np.zeros((n_layers, budget + 1))
+    choice = np.zeros((n_prompts, n_layers, budget + 1), dtype=np.int32)
+    for i in range(n_prompts):
+        gains = w[i] * root_value(probs[i], sizes)
+        new = best.copy()
+        for size, gain in zip(sizes.tolist(), gains.tolist(), strict=True):
+            if gain <= 0.0:
+                continue
+            # With a cap, activating prompt i moves from layer c−1 to c; without one, layer 0 to 0.
+            source = best[:-1, :-size] if capped else best[:, :-size]
+            candidate = source + gain
+            target = new[1:, size:] if capped else new[:, size:]
+            better = candidate > target
+            target[better] = candidate[better]
+            (choice[i, 1:, size:] if capped else choice[i, :, size:])[better] = size
+        best = new
+    counts = np.zeros(n_prompts, dtype=np.int64)
+    layer, units = n_layers - 1, budget
+    for i in range(n_prompts - 1, -1, -1):
+        size = int(choice[i, layer, units])
+        counts[i] = size
+        units -= size
+        if size and capped:
+            layer -= 1
+    value = float((w * root_value(probs, counts)).sum())
+    return RootAllocation(counts, value, budget - int(counts.sum()))

@@ -1,0 +1,127 @@
+"""Rollout trees as arrays, and the quantities TRACE derives from them (pure, no I/O).
+
+A tree of one prompt is given by two arrays over its turn nodes, parents before children:
+
+* ``parent[i]`` — index of node i's parent, or ``-1`` when the turn starts from the prompt (the root);
+* ``reward[i]`` — the terminal reward of a leaf, NaN for a node that is not (yet) a scored leaf.
+
+Targets are recursive and bottom-up: a leaf's target is its binarised reward and an internal node's is
+the visit-weighted mean of its children, ``V̂(y) = (1/n_y) Σ_{c ∈ children(y)} n_c V̂(c)``, which equals
+the success rate of the scored leaves below y.  Unscored branches have no visits yet and no value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from trace_service.allocation._validate import FloatArray, IntArray
+
+ROOT = -1
+
+
+@dataclass(frozen=True)
+class TreeTargets:
+    """Per-node depth, visits n_y, successes and V̂(y) (NaN without visits), plus the root's."""
+
+    depth: IntArray
+    visits: IntArray
+    successes: IntArray
+    value: FloatArray
+    has_children: npt.NDArray[np.bool_]
+    root_visits: int
+    root_successes: int
+
+    @property
+    def root_value(self) -> float:
+        return self.root_successes / self.root_visits if self.root_visits else float("nan")
+
+    @property
+    def mixed(self) -> bool:
+        """The tree holds both a success leaf and a failure leaf: a contrastive group."""
+        return 0 < self.root_successes < self.root_visits
+
+
+def tree_targets(
+    parent: npt.ArrayLike, reward: npt.ArrayLike, *, success_threshold: float = 0.5
+) -> TreeTargets:
+    """Compute depths, visit and success counts and recursive targets ``V̂`` for every node.
+
+    A reward counts as a success when ``reward ≥ success_threshold``.  Iterates over depth levels,
+    never recursion, so deep trees (depth 50 and more) are fine.
+    """
+    parents = np.asarray(parent, dtype=np.int64)
+    rewards = np.asarray(reward, dtype=np.float64)
+    n_nodes = parents.size
+    if parents.ndim != 1 or rewards.shape != parents.shape:
+        raise ValueError("parent and reward must be 1-D arrays of the same length")
+    if np.any(parents < ROOT) or np.any(parents >= np.arange(n_nodes)):
+        raise ValueError("every parent must be -1 or the index of an earlier node")
+    if np.any(np.isinf(rewards)):
+        raise ValueError("rewards must be finite (NaN marks an unscored node)")
+
+    is_leaf = ~np.isnan(rewards)
+    has_children = np.zeros(n_nodes, dtype=bool)
+    has_children[parents[parents >= 0]] = True
+    if np.any(is_leaf & has_children):
+        raise ValueError("a scored leaf cannot have children")
+
+    depth = np.ones(n_nodes, dtype=np.int64)
+    for i in np.flatnonzero(parents >= 0).tolist():  # parents come first, so one forward pass suffices
+        depth[i] = depth[parents[i]] + 1
+
+    visits = is_leaf.astype(np.int64)
+    successes = (is_leaf & (np.nan_to_num(rewards, nan=-np.inf) >= success_threshold)).astype(np.int64)
+    for level in range(int(depth.max(initial=0)), 1, -1):
+        nodes = np.flatnonzero(depth == level)
+        np.add.at(visits, parents[nodes], visits[nodes])
+        np.add.at(successes, parents[nodes], successes[nodes])
+    top = depth == 1
+    with np.errstate(invalid="ignore", divide="ignore"):
+        value = np.where(visits > 0, successes / np.maximum(visits, 1), np.nan)
+    return TreeTargets(
+        depth=depth,
+        visits=visits,
+        successes=successes,
+        value=value,
+        has_children=has_children,
+        root_visits=int(visits[top].sum()),
+        root_successes=int(successes[top].sum()),
+    )
+
+
+def advantages(parent: npt.ArrayLike, targets: TreeTargets) -> FloatArray:
+    """Per-node advantage of the turn segment ending at node y (a Tree-GRPO / TreeRL-style choice):
+
+        A(y) = (V̂(y) − V̂(parent(y)))  +  (V̂(y) − V̂(root)),
+
+    the local term credits the turn for how it moved the success rate; the global term is the mean over
+    the leaves below y of ``r_leaf − V̂(root)``.  NaN where y has no scored leaf below it.
+    """
+    parents = np.asarray(parent, dtype=np.int64)
+    parent_value = np.where(parents >= 0, targets.value[np.maximum(parents, 0)], targets.root_value)
+    return (targets.value - parent_value) + (targets.value - targets.root_value)
+
+
+@dataclass(frozen=True)
+class PrefixCandidates:
+    """Branching candidates of a tree: node indices, observed majority outcome, already-mixed flag."""
+
+    nodes: IntArray
+    outcome: FloatArray
+    blocked: npt.NDArray[np.bool_]
+
+
+def prefix_candidates(targets: TreeTargets) -> PrefixCandidates:
+    """Non-leaf nodes at depth ≥ 1 with at least one scored leaf below them.
+
+    The observed outcome below a node shared by several rollouts is the majority one; a node whose
+    subtree already holds both outcomes is blocked (nothing left to gain by branching there).
+    """
+    nodes = np.flatnonzero(targets.has_children & (targets.visits > 0))
+    visits, successes = targets.visits[nodes], targets.successes[nodes]
+    outcome = (2 * successes > visits).astype(np.float64)
+    blocked = (successes > 0) & (successes < visits)
+    return PrefixCandidates(nodes, outcome, blocked)

@@ -1,0 +1,115 @@
+"""Trees: recursive targets equal the empirical success rate below every node; advantages; candidates."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trace_service.tree import advantages, prefix_candidates, tree_targets
+
+
+@st.composite
+def trees(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray]:
+    n = draw(st.integers(1, 40))
+    parent = [-1]
+    for i in range(1, n):
+        parent.append(draw(st.integers(-1, i - 1)))
+    parents = np.array(parent)
+    has_children = np.zeros(n, dtype=bool)
+    has_children[parents[parents >= 0]] = True
+    reward = np.full(n, np.nan)
+    for leaf in np.flatnonzero(~has_children):
+        reward[leaf] = draw(st.sampled_from([0.0, 1.0, 0.3, 0.8, np.nan]))  # NaN: still running
+    return parents, reward
+
+
+def leaves_below(parent: np.ndarray, node: int) -> list[int]:
+    below = []
+    for leaf in range(parent.size):
+        walk = leaf
+        while walk != -1 and walk != node:
+            walk = parent[walk]
+        if walk == node:
+            below.append(leaf)
+    return below
+
+
+@settings(max_examples=200, deadline=None)
+@given(trees())
+def test_targets_are_the_success_rate_of_the_leaves_below(tree: tuple[np.ndarray, np.ndarray]) -> None:
+    parent, reward = tree
+    targets = tree_targets(parent, reward)
+    for node in range(parent.size):
+        scored = [r for r in reward[leaves_below(parent, node)] if not np.isnan(r)]
+        assert targets.visits[node] == len(scored)
+        assert targets.successes[node] == sum(r >= 0.5 for r in scored)
+        if scored:
+            assert targets.value[node] == pytest.approx(np.mean([r >= 0.5 for r in scored]))
+        else:
+            assert np.isnan(targets.value[node])
+    all_scored = reward[~np.isnan(reward)]
+    assert targets.root_visits == all_scored.size
+    assert targets.mixed == (0 < np.sum(all_scored >= 0.5) < all_scored.size)
+
+
+@settings(max_examples=100, deadline=None)
+@given(trees())
+def test_targets_are_the_visit_weighted_mean_of_children(tree: tuple[np.ndarray, np.ndarray]) -> None:
+    parent, reward = tree
+    t = tree_targets(parent, reward)
+    for node in np.flatnonzero(t.has_children & (t.visits > 0)):
+        children = np.flatnonzero(parent == node)
+        n = t.visits[children]
+        weighted = np.nansum(n * np.nan_to_num(t.value[children])) / n.sum()
+        assert t.value[node] == pytest.approx(weighted)
+
+
+def test_deep_and_wide_trees_need_no_recursion() -> None:
+    depth = 60
+    chain = np.arange(-1, depth - 1)  # one rollout of 60 turns
+    rng = np.random.default_rng(0)
+    branches = rng.integers(0, depth - 1, size=3000)  # 3000 one-turn continuations off the chain
+    parent = np.concatenate([chain, branches])
+    reward = np.concatenate([np.full(depth - 1, np.nan), [1.0], rng.integers(0, 2, 3000).astype(float)])
+    targets = tree_targets(parent, reward)
+    assert targets.depth.max() == depth
+    assert targets.root_visits == 3001
+
+
+def test_advantages_combine_local_and_global_terms() -> None:
+    # prompt -> a -> (b: success, c: failure); prompt -> d: failure
+    parent = np.array([-1, 0, 0, -1])
+    reward = np.array([np.nan, 1.0, 0.0, 0.0])
+    t = tree_targets(parent, reward)
+    adv = advantages(parent, t)
+    root = 1 / 3
+    assert adv[0] == pytest.approx((0.5 - root) + (0.5 - root))
+    assert adv[1] == pytest.approx((1.0 - 0.5) + (1.0 - root))
+    assert adv[3] == pytest.approx((0.0 - root) + (0.0 - root))
+
+
+def test_prefix_candidates_use_the_majority_outcome_and_block_mixed_subtrees() -> None:
+    # rollout 1: 0 -> 1 -> 2 (success); rollout 2: 3 -> 4 (failure); continuation off 0: 5 (failure)
+    parent = np.array([-1, 0, 1, -1, 3, 0])
+    reward = np.array([np.nan, np.nan, 1.0, np.nan, 0.0, 0.0])
+    cands = prefix_candidates(tree_targets(parent, reward))
+    assert cands.nodes.tolist() == [0, 1, 3]
+    assert cands.outcome.tolist() == [0.0, 1.0, 0.0]  # node 0 is tied 1:1 and mixed
+    assert cands.blocked.tolist() == [True, False, False]
+
+
+@pytest.mark.parametrize(
+    ("parent", "reward", "message"),
+    [
+        ([0], [1.0], "earlier node"),
+        ([-1, 2, -1], [np.nan, 1.0, 1.0], "earlier node"),
+        ([-1, 0], [1.0, 1.0], "scored leaf cannot have children"),
+        ([-1], [np.inf], "finite"),
+        ([-1, -1], [1.0], "same length"),
+    ],
+)
+def test_malformed_trees_raise(parent: list[int], reward: list[float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        tree_targets(parent, reward)
