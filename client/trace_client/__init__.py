@@ -1,0 +1,45 @@
+"""trace_client: talk to a trace-rollout service from a trainer or a generation worker.
+
+`TraceClient` (blocking) and `AsyncTraceClient` (asyncio) cover every v1 call; requests and answers
+are the `trace_proto` models, errors the `trace_client.errors` hierarchy. The base install needs only
+pydantic and httpx2: nothing here imports torch, numpy or the service.
+"""
+
+from trace_client._core import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, Backoff
+from trace_client.client import AsyncTraceClient, TraceClient
+from trace_client.errors import (
+    TraceAPIError,
+    TraceAuthError,
+    TraceBadRequest,
+    TraceConflict,
+    TraceConnectionError,
+    TraceError,
+    TraceNotFound,
+    TraceRateLimited,
+    TraceResponseError,
+    TraceServerError,
+    TraceTimeoutError,
+    TraceUnavailable,
+    TraceValidationError,
+)
+
+__all__ = [
+    "DEFAULT_MAX_RETRIES",
+    "DEFAULT_TIMEOUT",
+    "AsyncTraceClient",
+    "Backoff",
+    "TraceAPIError",
+    "TraceAuthError",
+    "TraceBadRequest",
+    "TraceClient",
+    "TraceConflict",
+    "TraceConnectionError",
+    "TraceError",
+    "TraceNotFound",
+    "TraceRateLimited",
+    "TraceResponseError",
+    "TraceServerError",
+    "TraceTimeoutError",
+    "TraceUnavailable",
+    "TraceValidationError",
+]

@@ -1,0 +1,302 @@
+"""What the sync and async clients share: building requests, the retry policy, parsing and error mapping.
+
+Only the loop that sends a request and sleeps between attempts differs between `TraceClient` and
+`AsyncTraceClient`; every decision inside it is made here.
+
+Every v1 call is safe to retry: reads are reads, `/v1/allocate` carries an `Idempotency-Key` that is
+fixed before the first attempt, `/v1/expand` events carry client-made `event_id`s the server
+deduplicates, a claim only leases instructions (an unused lease expires), and closing a closed tree
+changes nothing. So a timeout after the request was sent is retried like a refused connection.
+"""
+
+import random
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
+from typing import Generic, TypeVar
+from urllib.parse import quote
+
+import httpx2
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from trace_client.errors import (
+    TraceAPIError,
+    TraceConnectionError,
+    TraceResponseError,
+    TraceTimeoutError,
+    error_class,
+)
+from trace_proto import (
+    API_VERSION,
+    DEFAULT_JOB,
+    AllocateRequest,
+    AllocateResponse,
+    ErrorResponse,
+    ExpandEvent,
+    ExpandRequest,
+    ExpandResponse,
+    Health,
+    HistoryIn,
+    InstructionsQuery,
+    InstructionsResponse,
+    JobStats,
+    PredictorInfo,
+    PredictRequest,
+    PredictResponse,
+    Ready,
+    TreeResponse,
+    paths,
+)
+from trace_proto.v1.common import Identifier, JobName
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+#: Connecting should be quick; an allocation over a large pool may take a while to compute.
+DEFAULT_TIMEOUT = httpx2.Timeout(connect=2.0, read=30.0, write=10.0, pool=5.0)
+DEFAULT_MAX_RETRIES = 3
+#: Load shedding and gateway failures; any other error status would fail the same way again.
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+#: The request may not have reached the service, or its answer was lost on the way back.
+RETRYABLE_TRANSPORT_ERRORS = (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError)
+USER_AGENT = f"trace-client/{API_VERSION}"
+_SHOWN_BODY_CHARS = 300
+
+_job_name = TypeAdapter(JobName)
+_identifier = TypeAdapter(Identifier)
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Wait before retry number `n` (0 = the first retry): exponential with full jitter,
+
+        delay_n = U · min(max_delay, initial_delay · 2ⁿ),   U ~ Uniform[0, 1),
+
+    so that clients that failed together do not retry together. A `Retry-After` from the server
+    replaces it; one longer than `max_retry_after` ends the retries (the caller hears about the outage
+    rather than hanging).
+    """
+
+    initial_delay: float = 0.5
+    max_delay: float = 8.0
+    max_retry_after: float = 60.0
+    uniform: Callable[[], float] = field(default=random.random, repr=False)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.initial_delay <= self.max_delay:
+            raise ValueError(
+                f"need 0 < initial_delay <= max_delay; got {self.initial_delay}, {self.max_delay}"
+            )
+        if self.max_retry_after < 0:
+            raise ValueError(f"max_retry_after must be >= 0; got {self.max_retry_after}")
+
+    def delay(self, retry: int, retry_after: float | None) -> float | None:
+        """Seconds to wait before retry `retry`, or None when the server asks for too long a wait."""
+        if retry_after is not None:
+            return retry_after if retry_after <= self.max_retry_after else None
+        doublings = min(retry, 64)  # past the cap anyway; keeps 2ⁿ from overflowing a float
+        return self.uniform() * min(self.max_delay, self.initial_delay * 2.0**doublings)
+
+
+def parse_retry_after(value: str | None, now: float) -> float | None:
+    """Seconds to wait from a `Retry-After` header: delta-seconds or an HTTP date (RFC 9110 §10.2.3).
+
+    `now` is the current Unix time. A date in the past means 0; a missing or malformed header, None.
+    """
+    if value is None:
+        return None
+    text = value.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            moment = parsedate_to_datetime(text)
+        except (TypeError, ValueError):
+            return None
+        if moment.tzinfo is None:  # an HTTP date is always GMT; the parser leaves "-0000" naive
+            return None
+        return max(0.0, moment.timestamp() - now)
+    return seconds if seconds >= 0 and seconds != float("inf") else None
+
+
+@dataclass(frozen=True)
+class ApiCall(Generic[ModelT]):
+    """One v1 call: what to send and which model its answer is.
+
+    A 2xx answer is a `model`; so is an answer with a status in `answer_statuses` (readiness says
+    "not ready" with 503 and a body). Anything else is an error.
+    """
+
+    method: str
+    path: str
+    model: type[ModelT]
+    body: bytes | None = None
+    params: Mapping[str, str | int] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)
+    answer_statuses: frozenset[int] = frozenset()
+
+
+def _json_body(model: BaseModel) -> bytes:
+    return model.model_dump_json().encode()
+
+
+def _path(template: str, **values: str) -> str:
+    # Identifiers are opaque text: escape everything, '/' included, so one always fills one segment.
+    return template.format(**{name: quote(value, safe="") for name, value in values.items()})
+
+
+def allocate_call(request: AllocateRequest, idempotency_key: str | None) -> ApiCall[AllocateResponse]:
+    """`POST /v1/allocate`; without a key, a fresh UUID, fixed for every retry of this call."""
+    key = uuid.uuid4().hex if idempotency_key is None else _identifier.validate_python(idempotency_key)
+    return ApiCall(
+        "POST",
+        paths.ALLOCATE,
+        AllocateResponse,
+        body=_json_body(request),
+        headers={paths.IDEMPOTENCY_KEY_HEADER: key},
+    )
+
+
+def expand_call(events: Sequence[ExpandEvent]) -> ApiCall[ExpandResponse]:
+    return ApiCall("POST", paths.EXPAND, ExpandResponse, body=_json_body(ExpandRequest(events=list(events))))
+
+
+def claim_call(job: str, max_instructions: int) -> ApiCall[InstructionsResponse]:
+    query = InstructionsQuery(job=job, max=max_instructions)
+    return ApiCall("GET", paths.INSTRUCTIONS, InstructionsResponse, params=query.model_dump())
+
+
+def tree_call(tree_id: str) -> ApiCall[TreeResponse]:
+    return ApiCall("GET", _path(paths.TREE, tree_id=_identifier.validate_python(tree_id)), TreeResponse)
+
+
+def close_tree_call(tree_id: str) -> ApiCall[TreeResponse]:
+    return ApiCall(
+        "POST", _path(paths.TREE_CLOSE, tree_id=_identifier.validate_python(tree_id)), TreeResponse
+    )
+
+
+def predictor_call() -> ApiCall[PredictorInfo]:
+    return ApiCall("GET", paths.PREDICTOR, PredictorInfo)
+
+
+def predict_call(histories: Sequence[HistoryIn], job: str = DEFAULT_JOB) -> ApiCall[PredictResponse]:
+    request = PredictRequest(job=job, histories=list(histories))
+    return ApiCall("POST", paths.PREDICT, PredictResponse, body=_json_body(request))
+
+
+def job_stats_call(job: str) -> ApiCall[JobStats]:
+    return ApiCall("GET", _path(paths.JOB_STATS, job=_job_name.validate_python(job)), JobStats)
+
+
+def health_call() -> ApiCall[Health]:
+    return ApiCall("GET", paths.HEALTH, Health)
+
+
+def ready_call() -> ApiCall[Ready]:
+    return ApiCall("GET", paths.READY, Ready, answer_statuses=frozenset({503}))
+
+
+class ClientCore:
+    """Connection settings and every per-attempt decision of a client."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None,
+        timeout: httpx2.Timeout | float,
+        max_retries: int,
+        backoff: Backoff | None,
+    ) -> None:
+        url = httpx2.URL(base_url)
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError(f"base_url must be an absolute http(s) URL; got {base_url!r}")
+        if token is not None and not token.strip():
+            raise ValueError("token must not be empty; pass None for a service without auth")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0; got {max_retries}")
+        self.base_url = str(url).rstrip("/")
+        self.timeout = timeout if isinstance(timeout, httpx2.Timeout) else httpx2.Timeout(timeout)
+        self.max_retries = max_retries
+        self.backoff = backoff or Backoff()
+        self.headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
+        if token is not None:
+            self.headers["Authorization"] = f"Bearer {token}"
+
+    def build_request(
+        self, http: httpx2.Client | httpx2.AsyncClient, call: ApiCall[ModelT]
+    ) -> httpx2.Request:
+        """The request, built once so that every attempt sends the same bytes and headers."""
+        headers = {**self.headers, **call.headers}
+        if call.body is not None:
+            headers["Content-Type"] = "application/json"
+        return http.build_request(
+            call.method,
+            self.base_url + call.path,
+            content=call.body,
+            params=dict(call.params),
+            headers=headers,
+            timeout=self.timeout,
+        )
+
+    def delay_after_error(self, attempt: int) -> float | None:
+        """Seconds before the next attempt after attempt `attempt` (0-based) failed in transport."""
+        return self.backoff.delay(attempt, None) if attempt < self.max_retries else None
+
+    def delay_after_response(
+        self, call: ApiCall[ModelT], response: httpx2.Response, attempt: int
+    ) -> float | None:
+        """Seconds before the next attempt, or None: the answer is final (`parse` it)."""
+        status = response.status_code
+        if status not in RETRY_STATUSES or status in call.answer_statuses or attempt >= self.max_retries:
+            return None
+        retry_after = parse_retry_after(response.headers.get("Retry-After"), time.time())
+        return self.backoff.delay(attempt, retry_after)
+
+    def parse(self, call: ApiCall[ModelT], response: httpx2.Response) -> ModelT:
+        """The answer as its model; an error status raises the matching `TraceAPIError`."""
+        status = response.status_code
+        if not (200 <= status < 300 or status in call.answer_statuses):
+            raise api_error(response)
+        try:
+            return call.model.model_validate_json(response.content)
+        except ValidationError as error:
+            first = error.errors()[0]
+            raise TraceResponseError(
+                f"{call.method} {call.path}: the answer is not a valid {call.model.__name__} "
+                f"({'.'.join(map(str, first['loc'])) or 'body'}: {first['msg']})",
+                status=status,
+                request_id=response.headers.get(paths.REQUEST_ID_HEADER),
+            ) from error
+
+    def connection_error(
+        self, call: ApiCall[ModelT], error: Exception, attempts: int
+    ) -> TraceConnectionError:
+        kind = TraceTimeoutError if isinstance(error, httpx2.TimeoutException) else TraceConnectionError
+        return kind(
+            f"{call.method} {self.base_url}{call.path}: {type(error).__name__}: {error}", attempts=attempts
+        )
+
+
+def api_error(response: httpx2.Response) -> TraceAPIError:
+    """The exception for an error answer: from its problem details, or from the bare status if the
+    body is not one (a proxy or load balancer answered)."""
+    status = response.status_code
+    header_request_id = response.headers.get(paths.REQUEST_ID_HEADER)
+    try:
+        problem = ErrorResponse.model_validate_json(response.content)
+    except ValidationError:
+        title = response.reason_phrase or "HTTP error"
+        body = response.text.strip()
+        detail = body[:_SHOWN_BODY_CHARS] + ("…" if len(body) > _SHOWN_BODY_CHARS else "") if body else title
+        return error_class(status)(status=status, title=title, detail=detail, request_id=header_request_id)
+    return error_class(status)(
+        status=status,
+        title=problem.title,
+        detail=problem.detail,
+        request_id=problem.request_id or header_request_id,
+        errors=problem.errors or (),
+        problem_type=problem.type,
+    )

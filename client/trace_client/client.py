@@ -1,0 +1,252 @@
+"""`TraceClient` (blocking) and `AsyncTraceClient` (asyncio) for the v1 API.
+
+Both are thin loops around `trace_client._core`: build the request once, send it, and on a retryable
+failure sleep and send the same request again.
+
+    with TraceClient("http://trace:8000", token="...") as client:
+        allocation = client.allocate(AllocateRequest(step=0, budget=512, prompts=pool))
+"""
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from types import TracebackType
+from typing import Self
+
+import httpx2
+
+from trace_client import _core
+from trace_client._core import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, ApiCall, Backoff, ClientCore, ModelT
+from trace_proto import (
+    DEFAULT_JOB,
+    AllocateRequest,
+    AllocateResponse,
+    ExpandEvent,
+    ExpandResponse,
+    Health,
+    HistoryIn,
+    InstructionsResponse,
+    JobStats,
+    PredictorInfo,
+    PredictResponse,
+    Ready,
+    TreeResponse,
+)
+from trace_proto.v1.limits import DEFAULT_CLAIM
+
+
+class TraceClient:
+    """Blocking client of the trace-rollout v1 API.
+
+    Args:
+        base_url: The service, e.g. `http://trace-rollout:8000` (a path prefix is kept).
+        token: Bearer token, when the service requires one.
+        timeout: Per-attempt limits (seconds, or an `httpx2.Timeout` for connect/read/write/pool).
+        max_retries: Retries after the first attempt, on connection failures, timeouts and
+            429/502/503/504; never on other statuses.
+        backoff: Wait between attempts (exponential with full jitter; `Retry-After` is honoured).
+        http_client: An `httpx2.Client` to send through (it is not closed by `close`); by default the
+            client makes and owns one.
+        transport: Transport of the client this one makes (e.g. `httpx2.MockTransport` in tests).
+        sleep: How to wait between attempts (tests pass a recorder).
+
+    Raises (from every call): `ValueError` for a request that v1 rejects, before anything is sent;
+    `TraceAPIError` subclasses for error answers; `TraceConnectionError` / `TraceTimeoutError` once
+    retries are exhausted; `TraceResponseError` for an answer that is not the v1 shape.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout: httpx2.Timeout | float = DEFAULT_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        backoff: Backoff | None = None,
+        http_client: httpx2.Client | None = None,
+        transport: httpx2.BaseTransport | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if http_client is not None and transport is not None:
+            raise ValueError("pass either http_client or transport, not both")
+        self._core = ClientCore(
+            base_url, token=token, timeout=timeout, max_retries=max_retries, backoff=backoff
+        )
+        self._owns_http = http_client is None
+        self._http = http_client or httpx2.Client(transport=transport)
+        self._sleep = sleep
+
+    def allocate(self, request: AllocateRequest, *, idempotency_key: str | None = None) -> AllocateResponse:
+        """`POST /v1/allocate`. Retries reuse one idempotency key, so a retry never allocates twice."""
+        return self._send(_core.allocate_call(request, idempotency_key))
+
+    def expand(self, events: Sequence[ExpandEvent]) -> ExpandResponse:
+        """`POST /v1/expand`: report finished turns; the answer carries new branching instructions."""
+        return self._send(_core.expand_call(events))
+
+    def claim_instructions(
+        self, job: str = DEFAULT_JOB, max_instructions: int = DEFAULT_CLAIM
+    ) -> InstructionsResponse:
+        """`GET /v1/instructions`: lease up to `max_instructions` instructions nobody has started."""
+        return self._send(_core.claim_call(job, max_instructions))
+
+    def get_tree(self, tree_id: str) -> TreeResponse:
+        """`GET /v1/trees/{tree_id}`."""
+        return self._send(_core.tree_call(tree_id))
+
+    def close_tree(self, tree_id: str) -> TreeResponse:
+        """`POST /v1/trees/{tree_id}/close`: stop waiting for outstanding rollouts; returns the tree."""
+        return self._send(_core.close_tree_call(tree_id))
+
+    def predictor_info(self) -> PredictorInfo:
+        """`GET /v1/predictor`."""
+        return self._send(_core.predictor_call())
+
+    def predict(self, histories: Sequence[HistoryIn], *, job: str = DEFAULT_JOB) -> PredictResponse:
+        """`POST /v1/predict`: Ṽ(H) for each history, in order."""
+        return self._send(_core.predict_call(histories, job))
+
+    def job_stats(self, job: str = DEFAULT_JOB) -> JobStats:
+        """`GET /v1/jobs/{job}/stats`."""
+        return self._send(_core.job_stats_call(job))
+
+    def health(self) -> Health:
+        """`GET /healthz`."""
+        return self._send(_core.health_call())
+
+    def ready(self) -> Ready:
+        """`GET /readyz`: a "not ready" answer (503) is returned, not raised or retried."""
+        return self._send(_core.ready_call())
+
+    def close(self) -> None:
+        """Close the HTTP client if this object made it."""
+        if self._owns_http:
+            self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _send(self, call: ApiCall[ModelT]) -> ModelT:
+        request = self._core.build_request(self._http, call)
+        attempt = 0
+        while True:
+            try:
+                response = self._http.send(request)
+            except _core.RETRYABLE_TRANSPORT_ERRORS as error:
+                delay = self._core.delay_after_error(attempt)
+                if delay is None:
+                    raise self._core.connection_error(call, error, attempt + 1) from error
+            else:
+                delay = self._core.delay_after_response(call, response, attempt)
+                if delay is None:
+                    return self._core.parse(call, response)
+            self._sleep(delay)
+            attempt += 1
+
+
+class AsyncTraceClient:
+    """Asyncio client of the trace-rollout v1 API; the same calls as `TraceClient`, awaited.
+
+    Arguments as for `TraceClient`, with an `httpx2.AsyncClient`, an `httpx2.AsyncBaseTransport` and
+    an awaitable `sleep`.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout: httpx2.Timeout | float = DEFAULT_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        backoff: Backoff | None = None,
+        http_client: httpx2.AsyncClient | None = None,
+        transport: httpx2.AsyncBaseTransport | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        if http_client is not None and transport is not None:
+            raise ValueError("pass either http_client or transport, not both")
+        self._core = ClientCore(
+            base_url, token=token, timeout=timeout, max_retries=max_retries, backoff=backoff
+        )
+        self._owns_http = http_client is None
+        self._http = http_client or httpx2.AsyncClient(transport=transport)
+        self._sleep = sleep
+
+    async def allocate(
+        self, request: AllocateRequest, *, idempotency_key: str | None = None
+    ) -> AllocateResponse:
+        """`POST /v1/allocate`. Retries reuse one idempotency key, so a retry never allocates twice."""
+        return await self._send(_core.allocate_call(request, idempotency_key))
+
+    async def expand(self, events: Sequence[ExpandEvent]) -> ExpandResponse:
+        """`POST /v1/expand`: report finished turns; the answer carries new branching instructions."""
+        return await self._send(_core.expand_call(events))
+
+    async def claim_instructions(
+        self, job: str = DEFAULT_JOB, max_instructions: int = DEFAULT_CLAIM
+    ) -> InstructionsResponse:
+        """`GET /v1/instructions`: lease up to `max_instructions` instructions nobody has started."""
+        return await self._send(_core.claim_call(job, max_instructions))
+
+    async def get_tree(self, tree_id: str) -> TreeResponse:
+        """`GET /v1/trees/{tree_id}`."""
+        return await self._send(_core.tree_call(tree_id))
+
+    async def close_tree(self, tree_id: str) -> TreeResponse:
+        """`POST /v1/trees/{tree_id}/close`: stop waiting for outstanding rollouts; returns the tree."""
+        return await self._send(_core.close_tree_call(tree_id))
+
+    async def predictor_info(self) -> PredictorInfo:
+        """`GET /v1/predictor`."""
+        return await self._send(_core.predictor_call())
+
+    async def predict(self, histories: Sequence[HistoryIn], *, job: str = DEFAULT_JOB) -> PredictResponse:
+        """`POST /v1/predict`: Ṽ(H) for each history, in order."""
+        return await self._send(_core.predict_call(histories, job))
+
+    async def job_stats(self, job: str = DEFAULT_JOB) -> JobStats:
+        """`GET /v1/jobs/{job}/stats`."""
+        return await self._send(_core.job_stats_call(job))
+
+    async def health(self) -> Health:
+        """`GET /healthz`."""
+        return await self._send(_core.health_call())
+
+    async def ready(self) -> Ready:
+        """`GET /readyz`: a "not ready" answer (503) is returned, not raised or retried."""
+        return await self._send(_core.ready_call())
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if this object made it."""
+        if self._owns_http:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def _send(self, call: ApiCall[ModelT]) -> ModelT:
+        request = self._core.build_request(self._http, call)
+        attempt = 0
+        while True:
+            try:
+                response = await self._http.send(request)
+            except _core.RETRYABLE_TRANSPORT_ERRORS as error:
+                delay = self._core.delay_after_error(attempt)
+                if delay is None:
+                    raise self._core.connection_error(call, error, attempt + 1) from error
+            else:
+                delay = self._core.delay_after_response(call, response, attempt)
+                if delay is None:
+                    return self._core.parse(call, response)
+            await self._sleep(delay)
+            attempt += 1

@@ -1,0 +1,177 @@
+"""`POST /v1/allocate`: how many bare rollouts each candidate prompt gets (Stage 1)."""
+
+from enum import StrEnum
+from typing import Annotated, Self
+
+from pydantic import Field, JsonValue, StrictBool, StrictInt, computed_field, model_validator
+
+from trace_proto.v1.common import (
+    DEFAULT_JOB,
+    Count,
+    FeatureVector,
+    FiniteFloat,
+    Identifier,
+    JobName,
+    Probability,
+    Real,
+    RequestModel,
+    ResponseModel,
+    StrictCount,
+    Text,
+    repeated,
+)
+from trace_proto.v1.limits import (
+    MAX_BUDGET,
+    MAX_EXPANSION,
+    MAX_PROMPTS_PER_REQUEST,
+    MAX_ROLLOUTS_PER_PROMPT,
+    MAX_ROUNDS,
+)
+
+
+class Policy(StrEnum):
+    """Allocation rule of one request; the baselines let users A/B them on the same infrastructure.
+
+    Each rule has a Stage 1 (bare rollouts per prompt) and a Stage 2 (where the continuation budget
+    `m_i·N` branches). "Uniform" Stage 1 gives every kept prompt the same count; "uniform" Stage 2
+    spreads continuations evenly over the candidate prefixes; "random" Stage 2 places them at
+    randomly chosen prefixes. See `method.md` for the baselines.
+
+    - `trace`: TRACE Stage 1 (maximise expected mixed groups from the predictor) and TRACE Stage 2
+      (branch where a continuation most likely flips the observed outcome).
+    - `uniform`: uniform Stage 1 and uniform Stage 2 (the paper's uniform/uniform ablation; with
+      `expansion = 0` it is plain GRPO).
+    - `dapo`: DAPO-style dynamic sampling: uniform Stage 1, groups whose rewards all agree are
+      filtered out of the effective batch; uniform Stage 2.
+    - `greso`: GRESO-style skipping of prompts that were all-correct or all-wrong in recent steps
+      (kept with a small probability), uniform over the rest; uniform Stage 2.
+    - `pcl`: PCL-style selection of the prompts whose predicted success is closest to 0.5, the same
+      count each; uniform Stage 2.
+    - `knapsack`: Knapsack RL: the Stage 1 objective weighted by `p(1−p)²`, solved exactly; uniform
+      Stage 2.
+    - `treepo`: TreePO-style tree rollouts: uniform Stage 1, random Stage 2.
+    - `trace_root`: TRACE Stage 1 with random Stage 2 (ablation of Stage 2).
+    - `trace_prefix`: uniform Stage 1 with TRACE Stage 2 (ablation of Stage 1).
+    """
+
+    TRACE = "trace"
+    UNIFORM = "uniform"
+    DAPO = "dapo"
+    GRESO = "greso"
+    PCL = "pcl"
+    KNAPSACK = "knapsack"
+    TREEPO = "treepo"
+    TRACE_ROOT = "trace_root"
+    TRACE_PREFIX = "trace_prefix"
+
+
+class PromptIn(RequestModel):
+    """One candidate prompt of the pool."""
+
+    prompt_id: Identifier = Field(
+        description="Stable across steps: the prompt's outcome history is keyed by it."
+    )
+    text: Text | None = None
+    features: FeatureVector | None = Field(
+        default=None, description="Client features, e.g. a pooled hidden state."
+    )
+    metadata: dict[str, JsonValue] | None = Field(default=None, description="Opaque to the service.")
+
+
+class AllocateRequest(RequestModel):
+    """A training step's candidate pool and budget."""
+
+    job: JobName = Field(default=DEFAULT_JOB, description="Namespace of one training run.")
+    step: StrictCount = Field(description="The training step.")
+    budget: Annotated[StrictInt, Field(ge=0, le=MAX_BUDGET)] = Field(
+        description="`M`: bare rollouts to spread over the prompts."
+    )
+    expansion: Annotated[FiniteFloat, Field(ge=0.0, le=MAX_EXPANSION)] = Field(
+        default=2.0, description="`N`: each active prompt may branch ⌊m_i·N⌋ continuations."
+    )
+    min_rollouts: Annotated[StrictInt, Field(ge=2, le=MAX_ROLLOUTS_PER_PROMPT)] = Field(
+        default=2, description="Fewest rollouts of an active prompt; one rollout can never be mixed."
+    )
+    max_rollouts: Annotated[StrictInt, Field(ge=2, le=MAX_ROLLOUTS_PER_PROMPT)] = Field(
+        default=64, description="Most rollouts of one prompt."
+    )
+    max_prompts: Annotated[StrictInt, Field(ge=1)] | None = Field(
+        default=None, description="Cap on active prompts (guards against many tiny groups)."
+    )
+    policy: Policy = Policy.TRACE
+    rounds: Annotated[StrictInt, Field(ge=1, le=MAX_ROUNDS)] = Field(
+        default=1, description="Stage 2 rounds; each round uses the outcomes observed so far."
+    )
+    return_unspent: StrictBool = Field(
+        default=False,
+        description="When no prefix is worth a continuation, leave that budget unspent instead of "
+        "spreading it uniformly (the fallback).",
+    )
+    prompts: list[PromptIn] = Field(min_length=1, max_length=MAX_PROMPTS_PER_REQUEST)
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> Self:
+        if self.min_rollouts > self.max_rollouts:
+            raise ValueError(f"min_rollouts ({self.min_rollouts}) exceeds max_rollouts ({self.max_rollouts})")
+        duplicates = repeated([prompt.prompt_id for prompt in self.prompts])
+        if duplicates:
+            raise ValueError(f"prompt_id values must be unique within a request; repeated: {duplicates}")
+        feature_lengths = {len(prompt.features) for prompt in self.prompts if prompt.features is not None}
+        if len(feature_lengths) > 1:
+            raise ValueError(
+                f"every prompt's features must have the same length; got lengths {sorted(feature_lengths)}"
+            )
+        return self
+
+
+class TreeAllocation(ResponseModel):
+    """An active prompt: its tree and budgets."""
+
+    prompt_id: Identifier
+    tree_id: Identifier = Field(description="Server-made; every event of this prompt's rollouts names it.")
+    rollouts: Annotated[int, Field(ge=1)] = Field(description="`m_i`: bare rollouts to start now.")
+    expansion_budget: Count = Field(description="⌊m_i·N⌋: continuations Stage 2 may ask for.")
+    predicted_success: Probability = Field(description="Ṽ(x_i) when the decision was made.")
+
+
+class SkippedPrompt(ResponseModel):
+    """A prompt given no rollouts this step."""
+
+    prompt_id: Identifier
+    predicted_success: Probability
+
+
+class AllocateResponse(ResponseModel):
+    """The allocation: every requested prompt appears exactly once, in `trees` or in `skipped`."""
+
+    allocation_id: Identifier
+    job: JobName
+    step: Count
+    policy: Policy
+    predictor_version: Count = Field(description="0 = untrained (cold-start estimates).")
+    trees: list[TreeAllocation]
+    skipped: list[SkippedPrompt]
+    expected_mixed: Annotated[Real, Field(ge=0.0)] = Field(
+        description="Σ_i V_root(v_i, m_i): expected number of mixed groups from the bare rollouts."
+    )
+    budget: Count = Field(description="`M` as requested.")
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def unspent(self) -> int:
+        """Bare rollouts not allocated: `budget − Σ rollouts` (too few prompts worth a rollout)."""
+        return self.budget - sum(tree.rollouts for tree in self.trees)
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> Self:
+        if self.unspent < 0:
+            raise ValueError(
+                f"trees hold {self.budget - self.unspent} rollouts, more than the budget {self.budget}"
+            )
+        duplicates = repeated([tree.prompt_id for tree in self.trees] + [s.prompt_id for s in self.skipped])
+        if duplicates:
+            raise ValueError(f"a prompt appears more than once in trees and skipped: {duplicates}")
+        duplicate_trees = repeated([tree.tree_id for tree in self.trees])
+        if duplicate_trees:
+            raise ValueError(f"tree_id values must be unique; repeated: {duplicate_trees}")
+        return self

@@ -1,0 +1,68 @@
+"""`GET /v1/predictor` and `POST /v1/predict`: the shared success predictor Ṽ(H)."""
+
+from typing import Annotated
+
+from pydantic import Field
+
+from trace_proto.v1.common import (
+    DEFAULT_JOB,
+    Correlation,
+    Count,
+    FeatureVector,
+    Identifier,
+    JobName,
+    Probability,
+    RequestModel,
+    ResponseModel,
+    Text,
+)
+from trace_proto.v1.limits import MAX_HISTORIES_PER_REQUEST, MAX_TURNS_PER_HISTORY
+
+
+class PredictorInfo(ResponseModel):
+    """The predictor's version and its quality on held-out trees; metrics are null until measured."""
+
+    version: Count = Field(description="0 = untrained (cold start).")
+    examples_seen: Count
+    brier: Probability | None = Field(
+        default=None, description="Mean squared error of Ṽ against the outcome."
+    )
+    ece: Probability | None = Field(default=None, description="Expected calibration error.")
+    spearman: Correlation | None = Field(
+        default=None, description="Rank correlation of Ṽ with the empirical success rate."
+    )
+    spearman_by_depth: dict[Annotated[int, Field(ge=0)], Correlation] = Field(
+        default_factory=dict,
+        description="The same by prefix depth (0 = prompt); depths without enough data are absent.",
+    )
+    device: str = Field(description="Where inference runs, e.g. 'cpu' or 'cuda:0'.")
+
+
+class TurnIn(RequestModel):
+    """One turn of a history."""
+
+    text: Text | None = None
+    features: FeatureVector | None = None
+
+
+class HistoryIn(RequestModel):
+    """A prefix history H: the prompt and the turns so far (none for the prompt alone)."""
+
+    prompt_id: Identifier = Field(description="Keys the prompt's outcome history within the job.")
+    prompt_text: Text | None = None
+    prompt_features: FeatureVector | None = None
+    turns: list[TurnIn] = Field(default_factory=list, max_length=MAX_TURNS_PER_HISTORY)
+
+
+class PredictRequest(RequestModel):
+    """Histories to score (debugging and offline evaluation)."""
+
+    job: JobName = DEFAULT_JOB
+    histories: list[HistoryIn] = Field(min_length=1, max_length=MAX_HISTORIES_PER_REQUEST)
+
+
+class PredictResponse(ResponseModel):
+    """Ṽ(H) for each history, in request order."""
+
+    predictor_version: Count
+    predictions: list[Probability]

@@ -1,0 +1,440 @@
+"""Both clients against a mock service: requests sent, answers parsed, errors mapped, retries bounded."""
+
+import json
+import time
+from collections.abc import Callable
+from email.utils import formatdate
+from typing import Any
+
+import httpx2
+import pytest
+from pydantic import BaseModel
+
+from trace_client import (
+    AsyncTraceClient,
+    TraceAPIError,
+    TraceAuthError,
+    TraceBadRequest,
+    TraceClient,
+    TraceConflict,
+    TraceConnectionError,
+    TraceNotFound,
+    TraceRateLimited,
+    TraceResponseError,
+    TraceServerError,
+    TraceTimeoutError,
+    TraceUnavailable,
+    TraceValidationError,
+)
+from trace_proto import (
+    AllocateRequest,
+    AllocateResponse,
+    ExpandEvent,
+    ExpandRequest,
+    ExpandResponse,
+    Health,
+    HistoryIn,
+    Instruction,
+    InstructionsResponse,
+    JobStats,
+    PredictorInfo,
+    PredictRequest,
+    PredictResponse,
+    PromptIn,
+    Ready,
+    RejectedEvent,
+    SkippedPrompt,
+    TreeAllocation,
+    TreeNode,
+    TreeResponse,
+    TreeStatus,
+)
+
+# The `connect` fixture (conftest.py): connect(handler, **client_options) -> (client, recorder).
+Connect = Callable[..., tuple[Any, Any]]
+
+ALLOCATE_REQUEST = AllocateRequest(
+    step=1, budget=8, prompts=[PromptIn(prompt_id="p1"), PromptIn(prompt_id="p2")]
+)
+ALLOCATION = AllocateResponse(
+    allocation_id="alloc-1",
+    job="default",
+    step=1,
+    policy=ALLOCATE_REQUEST.policy,
+    predictor_version=3,
+    trees=[
+        TreeAllocation(prompt_id="p1", tree_id="t1", rollouts=8, expansion_budget=16, predicted_success=0.5)
+    ],
+    skipped=[SkippedPrompt(prompt_id="p2", predicted_success=1.0)],
+    expected_mixed=0.99,
+    budget=8,
+)
+EVENTS = [ExpandEvent(event_id="e1", tree_id="t1", node_id="n1", done=True, reward=1.0)]
+INSTRUCTION = Instruction(instruction_id="i1", tree_id="t1", node_id="n1", count=2)
+EXPANSION = ExpandResponse(
+    accepted=1,
+    duplicates=0,
+    rejected=[RejectedEvent(event_id="e0", status=409, error="unknown parent 'n0'")],
+    instructions=[INSTRUCTION],
+    completed=["t1"],
+)
+TREE = TreeResponse(
+    tree_id="t/1",
+    prompt_id="p1",
+    job="default",
+    step=1,
+    status=TreeStatus.CLOSED,
+    mixed=False,
+    rollouts=1,
+    expansion_budget=0,
+    value=1.0,
+    nodes=[
+        TreeNode(
+            node_id="n1",
+            parent_id=None,
+            depth=1,
+            visits=1,
+            successes=1,
+            value=1.0,
+            predicted=0.7,
+            advantage=0.0,
+            reward=1.0,
+            instruction_id=None,
+        )
+    ],
+)
+HISTORIES = [HistoryIn(prompt_id="p1", prompt_text="find the key")]
+PREDICTOR = PredictorInfo(
+    version=2, examples_seen=10, brier=0.2, ece=None, spearman=0.4, spearman_by_depth={1: 0.3}, device="cpu"
+)
+STATS = JobStats(job="run-1", steps=[])
+
+
+def answer(model: BaseModel, status: int = 200, **headers: str) -> httpx2.Response:
+    return httpx2.Response(status, content=model.model_dump_json(), headers=headers)
+
+
+def problem(status: int, title: str, detail: str, **extra: Any) -> httpx2.Response:
+    body = {"type": "about:blank", "title": title, "status": status, "detail": detail, "request_id": "req-42"}
+    return httpx2.Response(status, json=body | extra, headers={"Content-Type": "application/problem+json"})
+
+
+def with_retry_after(response: httpx2.Response, value: str) -> httpx2.Response:
+    response.headers["Retry-After"] = value
+    return response
+
+
+@pytest.mark.parametrize(
+    ("call", "args", "kwargs", "method", "raw_path", "sent_body", "reply"),
+    [
+        ("allocate", (ALLOCATE_REQUEST,), {}, "POST", "/api/v1/allocate", ALLOCATE_REQUEST, ALLOCATION),
+        ("expand", (EVENTS,), {}, "POST", "/api/v1/expand", ExpandRequest(events=EVENTS), EXPANSION),
+        (
+            "claim_instructions",
+            ("run-1", 5),
+            {},
+            "GET",
+            "/api/v1/instructions?job=run-1&max=5",
+            None,
+            InstructionsResponse(instructions=[INSTRUCTION], lease_seconds=30.0),
+        ),
+        ("get_tree", ("t/1",), {}, "GET", "/api/v1/trees/t%2F1", None, TREE),
+        ("close_tree", ("t/1",), {}, "POST", "/api/v1/trees/t%2F1/close", None, TREE),
+        ("predictor_info", (), {}, "GET", "/api/v1/predictor", None, PREDICTOR),
+        (
+            "predict",
+            (HISTORIES,),
+            {"job": "run-1"},
+            "POST",
+            "/api/v1/predict",
+            PredictRequest(job="run-1", histories=HISTORIES),
+            PredictResponse(predictor_version=2, predictions=[0.25]),
+        ),
+        ("job_stats", ("run-1",), {}, "GET", "/api/v1/jobs/run-1/stats", None, STATS),
+        ("health", (), {}, "GET", "/api/healthz", None, Health()),
+        ("ready", (), {}, "GET", "/api/readyz", None, Ready(ready=True, store=True, predictor=True)),
+    ],
+)
+def test_each_call_sends_its_request_and_parses_its_answer(
+    connect: Connect,
+    call: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    method: str,
+    raw_path: str,
+    sent_body: BaseModel | None,
+    reply: BaseModel,
+) -> None:
+    client, service = connect(lambda _: answer(reply), token="s3cret")
+    assert getattr(client, call)(*args, **kwargs) == reply
+    (sent,) = service.requests
+    assert sent.method == method
+    assert sent.url.raw_path.decode() == raw_path
+    assert sent.headers["Authorization"] == "Bearer s3cret"
+    if sent_body is None:
+        assert sent.content == b""
+    else:
+        assert sent.headers["Content-Type"] == "application/json"
+        assert type(sent_body).model_validate_json(sent.content) == sent_body
+
+
+def test_no_authorization_header_without_a_token(connect: Connect) -> None:
+    client, service = connect(lambda _: answer(Health()))
+    client.health()
+    assert "Authorization" not in service.requests[0].headers
+
+
+@pytest.mark.parametrize(
+    ("status", "title", "error_class"),
+    [
+        (400, "Bad Request", TraceBadRequest),
+        (401, "Unauthorized", TraceAuthError),
+        (403, "Forbidden", TraceAuthError),
+        (404, "Not Found", TraceNotFound),
+        (409, "Conflict", TraceConflict),
+        (413, "Content Too Large", TraceBadRequest),
+        (422, "Unprocessable Content", TraceValidationError),
+        (500, "Internal Server Error", TraceServerError),
+    ],
+)
+def test_error_answers_map_to_exceptions_without_retrying(
+    connect: Connect, status: int, title: str, error_class: type[TraceAPIError]
+) -> None:
+    errors = [{"loc": ["body", "budget"], "msg": "Input should be greater than or equal to 0"}]
+    client, service = connect(lambda _: problem(status, title, "what went wrong", errors=errors))
+    with pytest.raises(error_class) as raised:
+        client.get_tree("t1")
+    error = raised.value
+    assert (error.status, error.title, error.detail, error.request_id) == (
+        status,
+        title,
+        "what went wrong",
+        "req-42",
+    )
+    assert [(item.loc, item.msg) for item in error.errors] == [(["body", "budget"], errors[0]["msg"])]
+    assert "req-42" in str(error)
+    assert "what went wrong" in str(error)
+    assert len(service.requests) == 1
+    assert service.sleeps == []
+
+
+def test_error_without_problem_details_keeps_status_body_and_request_id(connect: Connect) -> None:
+    client, _ = connect(
+        lambda _: httpx2.Response(502, text="<html>upstream down</html>", headers={"X-Request-ID": "edge-7"}),
+        max_retries=0,
+    )
+    with pytest.raises(TraceServerError) as raised:
+        client.health()
+    assert (raised.value.status, raised.value.title, raised.value.request_id) == (
+        502,
+        "Bad Gateway",
+        "edge-7",
+    )
+    assert "upstream down" in raised.value.detail
+
+
+def test_retry_after_in_seconds_is_honoured(connect: Connect) -> None:
+    replies = [with_retry_after(problem(503, "Service Unavailable", "busy"), "3"), answer(Health())]
+    client, service = connect(lambda _: replies.pop(0))
+    assert client.health() == Health()
+    assert service.sleeps == [3.0]
+    assert len(service.requests) == 2
+
+
+def test_retry_after_as_an_http_date_is_honoured(connect: Connect) -> None:
+    date = formatdate(time.time() + 30, usegmt=True)
+    replies = [with_retry_after(problem(429, "Too Many Requests", "slow down"), date), answer(Health())]
+    client, service = connect(lambda _: replies.pop(0))
+    client.health()
+    (waited,) = service.sleeps
+    assert 28.0 < waited <= 30.0  # the date has whole seconds
+
+
+def test_a_retry_after_beyond_the_cap_ends_the_retries(connect: Connect) -> None:
+    client, service = connect(lambda _: with_retry_after(problem(503, "Service Unavailable", "down"), "3600"))
+    with pytest.raises(TraceUnavailable, match="down"):
+        client.health()
+    assert len(service.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "error_class"),
+    [(429, TraceRateLimited), (502, TraceServerError), (503, TraceUnavailable), (504, TraceServerError)],
+)
+def test_retryable_statuses_back_off_exponentially_then_raise(
+    connect: Connect, status: int, error_class: type[TraceAPIError]
+) -> None:
+    client, service = connect(lambda _: problem(status, "Busy", "try later"), max_retries=3)
+    with pytest.raises(error_class) as raised:
+        client.predictor_info()
+    assert raised.value.status == status
+    assert len(service.requests) == 4
+    assert service.sleeps == [0.5, 1.0, 2.0]  # U = 1: the backoff cap itself
+
+
+def test_connection_errors_are_retried_then_reported(connect: Connect) -> None:
+    def refuse(request: httpx2.Request) -> httpx2.Response:
+        raise httpx2.ConnectError("connection refused", request=request)
+
+    client, service = connect(refuse, max_retries=2)
+    with pytest.raises(TraceConnectionError, match="after 3 attempts") as raised:
+        client.health()
+    assert not isinstance(raised.value, TraceTimeoutError)
+    assert raised.value.attempts == 3
+    assert isinstance(raised.value.__cause__, httpx2.ConnectError)
+    assert len(service.sleeps) == 2
+
+
+def test_timeouts_are_retried_then_reported_as_timeouts(connect: Connect) -> None:
+    def hang(request: httpx2.Request) -> httpx2.Response:
+        raise httpx2.ReadTimeout("timed out", request=request)
+
+    client, service = connect(hang, max_retries=1)
+    with pytest.raises(TraceTimeoutError, match="ReadTimeout"):
+        client.job_stats("run-1")
+    assert len(service.requests) == 2
+
+
+def test_a_transient_failure_is_invisible_to_the_caller(connect: Connect) -> None:
+    outcomes: list[Exception | httpx2.Response] = [
+        httpx2.ConnectTimeout("slow"),
+        httpx2.RemoteProtocolError("server hung up"),
+        answer(Health()),
+    ]
+
+    def flaky(request: httpx2.Request) -> httpx2.Response:
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    client, service = connect(flaky)
+    assert client.health() == Health()
+    assert service.sleeps == [0.5, 1.0]
+
+
+def test_no_retries_when_max_retries_is_zero(connect: Connect) -> None:
+    client, service = connect(lambda _: problem(503, "Service Unavailable", "busy"), max_retries=0)
+    with pytest.raises(TraceUnavailable):
+        client.health()
+    assert len(service.requests) == 1
+
+
+def test_allocate_reuses_its_idempotency_key_across_retries(connect: Connect) -> None:
+    replies = [
+        problem(503, "Service Unavailable", "busy"),
+        problem(502, "Bad Gateway", "x"),
+        answer(ALLOCATION),
+    ]
+    client, service = connect(lambda _: replies.pop(0))
+    assert client.allocate(ALLOCATE_REQUEST) == ALLOCATION
+    keys = {sent.headers["Idempotency-Key"] for sent in service.requests}
+    assert len(service.requests) == 3
+    assert len(keys) == 1
+    assert {sent.content for sent in service.requests} == {service.requests[0].content}
+
+
+def test_each_allocate_call_gets_its_own_key_unless_given(connect: Connect) -> None:
+    client, service = connect(lambda _: answer(ALLOCATION))
+    client.allocate(ALLOCATE_REQUEST)
+    client.allocate(ALLOCATE_REQUEST)
+    client.allocate(ALLOCATE_REQUEST, idempotency_key="step-1-alloc")
+    first, second, chosen = (sent.headers["Idempotency-Key"] for sent in service.requests)
+    assert first != second
+    assert chosen == "step-1-alloc"
+
+
+def test_not_ready_is_an_answer_not_an_error(connect: Connect) -> None:
+    not_ready = Ready(ready=False, store=False, predictor=True)
+    client, service = connect(lambda _: answer(not_ready, status=503))
+    assert client.ready() == not_ready
+    assert len(service.requests) == 1
+
+
+def test_an_answer_of_the_wrong_shape_is_a_response_error(connect: Connect) -> None:
+    client, _ = connect(lambda _: httpx2.Response(200, json={"status": "ok"}, headers={"X-Request-ID": "r9"}))
+    with pytest.raises(TraceResponseError, match="not a valid PredictorInfo") as raised:
+        client.predictor_info()
+    assert raised.value.request_id == "r9"
+
+
+@pytest.mark.parametrize(
+    ("use", "expected"),
+    [
+        (lambda client: client.job_stats("a/b"), "String should match pattern"),
+        (lambda client: client.claim_instructions("run-1", 0), "greater than or equal to 1"),
+        (lambda client: client.get_tree(""), "at least 1 character"),
+        (lambda client: client.expand([]), "at least 1 item"),
+        (lambda client: client.predict([]), "at least 1 item"),
+        (lambda client: client.allocate(ALLOCATE_REQUEST, idempotency_key=""), "at least 1 character"),
+    ],
+)
+def test_bad_arguments_raise_before_anything_is_sent(
+    connect: Connect, use: Callable[[Any], Any], expected: str
+) -> None:
+    client, service = connect(lambda _: answer(Health()))
+    with pytest.raises(ValueError, match=expected):
+        use(client)
+    assert service.requests == []
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"token": " "}, "token must not be empty"),
+        ({"max_retries": -1}, "max_retries must be >= 0"),
+        ({"http_client": object(), "transport": object()}, "either http_client or transport"),
+    ],
+)
+@pytest.mark.parametrize("client_class", [TraceClient, AsyncTraceClient])
+def test_bad_client_options_raise(client_class: type[Any], options: dict[str, Any], expected: str) -> None:
+    with pytest.raises(ValueError, match=expected):
+        client_class("http://trace.test", **options)
+
+
+@pytest.mark.parametrize("base_url", ["trace.test:8000", "ftp://trace.test", "/v1"])
+def test_base_url_must_be_absolute_http(base_url: str) -> None:
+    with pytest.raises(ValueError, match="absolute http"):
+        TraceClient(base_url)
+
+
+def test_sync_client_closes_only_what_it_owns() -> None:
+    transport = httpx2.MockTransport(lambda _: answer(Health()))
+    shared = httpx2.Client(transport=transport)
+    with TraceClient("http://trace.test", http_client=shared) as client:
+        client.health()
+    assert shared.get("http://trace.test/healthz").status_code == 200
+    shared.close()
+    with TraceClient("http://trace.test", transport=transport) as owned:
+        owned.health()
+    with pytest.raises(RuntimeError, match="closed"):
+        owned.health()
+
+
+async def test_async_client_as_a_context_manager() -> None:
+    seen: list[httpx2.Request] = []
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        seen.append(request)
+        return answer(EXPANSION)
+
+    async with AsyncTraceClient("http://trace.test", transport=httpx2.MockTransport(handler)) as client:
+        assert await client.expand(EVENTS) == EXPANSION
+    assert json.loads(seen[0].content)["events"][0]["event_id"] == "e1"
+    with pytest.raises(RuntimeError, match="closed"):
+        await client.health()
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({}, {"connect": 2.0, "read": 30.0, "write": 10.0, "pool": 5.0}),
+        ({"timeout": 5}, {"connect": 5.0, "read": 5.0, "write": 5.0, "pool": 5.0}),
+    ],
+)
+def test_every_attempt_carries_the_client_timeout(
+    connect: Connect, options: dict[str, Any], expected: dict[str, float]
+) -> None:
+    client, service = connect(lambda _: answer(Health()), **options)
+    client.health()
+    assert service.requests[0].extensions["timeout"] == expected
