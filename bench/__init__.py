@@ -1,0 +1,1 @@
+"""Benchmarks: allocation quality (quality.py) and the harness they share (harness.py)."""

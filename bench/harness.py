@@ -1,0 +1,608 @@
+"""Allocation strategies run side by side on the simulated workload, in process (no HTTP).
+
+One step of a strategy on a candidate pool: estimate success where the strategy needs it, allocate bare
+rollouts to roots (Stage 1 or a baseline rule), run them on the simulator, branch continuations from
+prefixes (Stage 2, random, or not at all), score the trees, update the per-prompt outcome history and, in
+learning mode, let the workload learn from the mixed groups. Every rule comes from
+`trace_service.allocation`; this module only wires them to the simulator and keeps the books.
+
+Budgets (`StepConfig`): `bare_rollouts` M, expansion N, group size n. Strategies that branch get M bare
+rollouts plus ⌊m_i·N⌋ continuations for each active prompt i; strategies that do not branch spend the
+same total R = M + ⌊M·N⌋ on bare rollouts. Counted in turns instead (`BudgetUnit.turns`), every strategy
+gets the same number of turns, R times the expected rollout length, and a continuation from a deep prefix
+costs only the turns it generates. Work is admitted only while its worst case still fits the turns left
+(a rollout from depth d costs at most max_turns − d), so no strategy ever exceeds its budget.
+
+The estimator Ṽ is one pluggable callable over `Query` objects (`Estimator`); `posterior_estimator`
+(each prompt's Beta posterior, MoPPS-style) stands in until a learned predictor is plugged in, and
+`oracle_estimator` reads the simulator's true probabilities.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+import numpy.typing as npt
+
+from trace_client.sim import Prompt, RolloutState, SimConfig, SimWorkload
+from trace_service.allocation import (
+    allocate_roots,
+    dapo_keep,
+    effective_ratio,
+    expand_prefixes,
+    greso_keep,
+    knapsack_weight,
+    pcl_roots,
+    random_branching,
+    round_budgets,
+    uniform_roots,
+)
+from trace_service.tree import ROOT, PrefixCandidates, prefix_candidates, tree_targets
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class Query:
+    """What an estimator sees of one history: the prompt, the prefix state, and the prompt's observed
+    outcomes (bare rollouts of earlier steps, plus this step's once they are scored).
+
+    `state.p` is the simulator's truth: only the oracle may read it.
+    """
+
+    prompt: Prompt
+    state: RolloutState
+    successes: int
+    trials: int
+
+
+Estimator = Callable[[Sequence[Query]], FloatArray]
+
+
+def posterior_estimator(queries: Sequence[Query]) -> FloatArray:
+    """MoPPS-style: the Beta(1, 1) posterior mean of the prompt's own outcomes, (1 + s) / (2 + n).
+
+    The same value for a root and for every prefix of its rollouts.
+    """
+    successes = np.fromiter((query.successes for query in queries), dtype=np.float64, count=len(queries))
+    trials = np.fromiter((query.trials for query in queries), dtype=np.float64, count=len(queries))
+    return (1.0 + successes) / (2.0 + trials)
+
+
+def oracle_estimator(queries: Sequence[Query]) -> FloatArray:
+    """The simulator's true conditional success at each history: TRACE's ceiling."""
+    return np.fromiter((query.state.p for query in queries), dtype=np.float64, count=len(queries))
+
+
+class Roots(StrEnum):
+    """How a strategy allocates bare rollouts over the pool."""
+
+    uniform = "uniform"  # n each, in pool order, as far as the budget goes
+    greso = "greso"  # uniform over the prompts GRESO's zero-variance filter keeps (refilled from the pool)
+    pcl = "pcl"  # n each for the prompts predicted closest to 0.5
+    knapsack = "knapsack"  # Stage 1 weighted by p(1 − p)², p from earlier steps' outcomes
+    trace = "trace"  # Stage 1 on the estimator
+
+
+class Branching(StrEnum):
+    """How a strategy spends continuations over the prefixes of its bare rollouts."""
+
+    none = "none"
+    random = "random"  # TreePO-style: uniformly random prefixes
+    trace = "trace"  # Stage 2 on the estimator
+
+
+class BudgetUnit(StrEnum):
+    rollouts = "rollouts"
+    turns = "turns"
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A named combination of a root rule, a branching rule and the estimator they consult.
+
+    `filters_groups` is DAPO's dynamic sampling: allocation is uniform and, after generation, only mixed
+    groups are kept for training (`StepResult.kept`); effective ratios still divide by sampled groups.
+    """
+
+    name: str
+    roots: Roots
+    branching: Branching = Branching.none
+    estimator: Estimator = posterior_estimator
+    filters_groups: bool = False
+
+
+def default_strategies(estimator: Estimator = posterior_estimator) -> list[Strategy]:
+    """The benchmark's line-up; `estimator` is TRACE's (and PCL's) Ṽ, the oracle always reads the truth.
+
+    TRACE root-only pairs Stage 1 with random branching, TRACE prefix-only pairs uniform roots with
+    Stage 2, so each ablation spends the same budget as full TRACE.
+    """
+    return [
+        Strategy("uniform", Roots.uniform),
+        Strategy("dapo", Roots.uniform, filters_groups=True),
+        Strategy("greso", Roots.greso),
+        Strategy("pcl", Roots.pcl, estimator=estimator),
+        Strategy("knapsack", Roots.knapsack),
+        Strategy("treepo", Roots.uniform, Branching.random),
+        Strategy("trace_root", Roots.trace, Branching.random, estimator),
+        Strategy("trace_prefix", Roots.uniform, Branching.trace, estimator),
+        Strategy("trace", Roots.trace, Branching.trace, estimator),
+        Strategy("oracle", Roots.trace, Branching.trace, oracle_estimator),
+    ]
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """Budget and allocation knobs of one training step (see the module docstring for the budgets)."""
+
+    bare_rollouts: int = 1024
+    expansion: float = 2.0
+    group_size: int = 8
+    unit: BudgetUnit = BudgetUnit.rollouts
+    # Turns per step when `unit` is turns; `counted_in` sets it from the simulator's mean rollout length.
+    turn_budget: int = 0
+    min_rollouts: int = 2
+    max_rollouts: int = 64
+    max_prompts: int | None = None
+    # Stage 2 rounds per step when counting rollouts (each round sees the outcomes of the previous ones);
+    # when counting turns, rounds continue until nothing more fits.
+    rounds: int = 1
+    greso_keep_probability: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.bare_rollouts < 0:
+            raise ValueError(f"bare_rollouts must be >= 0, got {self.bare_rollouts}")
+        if not (math.isfinite(self.expansion) and self.expansion >= 0):
+            raise ValueError(f"expansion must be a finite number >= 0, got {self.expansion}")
+        if self.group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {self.group_size}")
+        if self.unit is BudgetUnit.turns and self.turn_budget < 1:
+            raise ValueError("a turn budget (turn_budget >= 1) is needed when the unit is turns")
+        if self.rounds < 1:
+            raise ValueError(f"rounds must be >= 1, got {self.rounds}")
+
+    @property
+    def total_rollouts(self) -> int:
+        """R = M + ⌊M·N⌋: what a strategy that branches may spend at most, and what one that does not gets."""
+        return self.bare_rollouts + math.floor(self.bare_rollouts * self.expansion)
+
+    def counted_in(self, unit: BudgetUnit, sim_config: SimConfig) -> StepConfig:
+        """This budget counted in `unit`; in turns it is T = R × the simulator's mean rollout length."""
+        turns = math.floor(self.total_rollouts * sim_config.expected_turns)
+        return dataclasses.replace(self, unit=unit, turn_budget=turns)
+
+
+@dataclass
+class PromptRecord:
+    """What a strategy remembers of a prompt across steps."""
+
+    successes: int = 0
+    trials: int = 0
+    zero_variance_streak: int = 0
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One step of one strategy. `effective_ratio` divides by active (sampled) groups; `mixed_forks`
+    counts the prefixes continuations were started from whose subtree ended up holding both outcomes
+    (the node-level contrast Stage 2 aims at, which the effective ratio does not see)."""
+
+    pool: int
+    active: int
+    mixed: int
+    kept: int
+    mixed_forks: int
+    rollouts: int
+    continuations: int
+    turns: int
+    # Continuations Stage 2 planned through its fallback (spread evenly where no prefix had value left).
+    fallback_units: int
+
+    @property
+    def skipped(self) -> int:
+        return self.pool - self.active
+
+    @property
+    def effective_ratio(self) -> float:
+        return self.mixed / self.active if self.active else 0.0
+
+
+class _Forest:
+    """The trees of one step in flat arrays, parents before children (the layout `trace_service.tree`
+    reads), with `tree_of` naming each node's tree: one `tree_targets` call serves every tree."""
+
+    def __init__(self, prompts: Sequence[Prompt], planned: Sequence[int]) -> None:
+        self.prompts = list(prompts)
+        self.planned = list(planned)
+        self.states: list[RolloutState] = []
+        self.parent: list[int] = []
+        self.reward: list[float] = []
+        self.tree_of: list[int] = []
+        self.forks: set[int] = set()
+        self.bare_successes = [0] * len(self.prompts)
+        self.bare_trials = [0] * len(self.prompts)
+
+    def add(self, tree: int, parent: int, trajectory: Sequence[RolloutState], *, bare: bool) -> None:
+        if not bare:
+            self.forks.add(parent)
+        for state in trajectory:
+            self.parent.append(parent)
+            parent = len(self.states)
+            self.states.append(state)
+            self.reward.append(state.reward if state.reward is not None else math.nan)
+            self.tree_of.append(tree)
+        if bare:
+            self.bare_trials[tree] += 1
+            self.bare_successes[tree] += int(trajectory[-1].reward == 1.0)
+
+    def candidates(self) -> list[PrefixCandidates]:
+        """Each tree's branching candidates (global node indices), in node order."""
+        found = prefix_candidates(tree_targets(self.parent, self.reward))
+        owner = np.asarray(self.tree_of, dtype=np.int64)[found.nodes]
+        order = np.argsort(owner, kind="stable")
+        bounds = np.cumsum(np.bincount(owner, minlength=len(self.prompts)))[:-1]
+        return [
+            PrefixCandidates(nodes, outcome, blocked)
+            for nodes, outcome, blocked in zip(
+                np.split(found.nodes[order], bounds),
+                np.split(found.outcome[order], bounds),
+                np.split(found.blocked[order], bounds),
+                strict=True,
+            )
+        ]
+
+    def outcomes(self) -> tuple[IntArray, IntArray, int]:
+        """Successes and visits (scored leaves) below each tree's root, and the number of mixed forks."""
+        count = len(self.prompts)
+        if not self.states:
+            return np.zeros(count, dtype=np.int64), np.zeros(count, dtype=np.int64), 0
+        targets = tree_targets(self.parent, self.reward)
+        top = targets.depth == 1
+        owner = np.asarray(self.tree_of, dtype=np.int64)[top]
+        successes = np.bincount(owner, weights=targets.successes[top], minlength=count).astype(np.int64)
+        visits = np.bincount(owner, weights=targets.visits[top], minlength=count).astype(np.int64)
+        forks = np.fromiter(self.forks, dtype=np.int64, count=len(self.forks))
+        fork_successes, fork_visits = targets.successes[forks], targets.visits[forks]
+        mixed_forks = int(np.count_nonzero((fork_successes > 0) & (fork_successes < fork_visits)))
+        return successes, visits, mixed_forks
+
+
+@dataclass
+class _Ledger:
+    """Rollouts, continuations and turns spent in a step, against the turn budget when there is one."""
+
+    turn_budget: int | None
+    rollouts: int = 0
+    continuations: int = 0
+    turns: int = 0
+    fallback_units: int = 0
+
+    @property
+    def turns_left(self) -> int:
+        assert self.turn_budget is not None  # only asked when counting turns
+        return self.turn_budget - self.turns
+
+    def charge(self, trajectories: Sequence[Sequence[RolloutState]], *, continuation: bool) -> None:
+        self.rollouts += len(trajectories)
+        self.continuations += len(trajectories) if continuation else 0
+        self.turns += sum(len(trajectory) for trajectory in trajectories)
+        if self.turn_budget is not None and self.turns > self.turn_budget:
+            raise AssertionError("admission let the turn budget be exceeded")  # a bug, never a result
+
+
+def run_step(
+    workload: SimWorkload,
+    strategy: Strategy,
+    pool: Sequence[Prompt],
+    history: dict[str, PromptRecord],
+    config: StepConfig,
+    rng: np.random.Generator,
+    *,
+    learn: bool = True,
+) -> StepResult:
+    """Run one step of `strategy` on `pool`; update `history` (and the workload when `learn`)."""
+    counts = _root_counts(workload, strategy, pool, history, config, rng)
+    ledger = _Ledger(config.turn_budget if config.unit is BudgetUnit.turns else None)
+    chosen = np.flatnonzero(counts).tolist()
+    forest = _Forest([pool[index] for index in chosen], [int(counts[index]) for index in chosen])
+    _run_bare(workload, forest, ledger, rng)
+    if strategy.branching is not Branching.none:
+        _branch(workload, strategy, forest, history, config, ledger, rng)
+
+    successes, visits, mixed_forks = forest.outcomes()
+    # A group the turn budget could not admit was never started: its prompt counts as skipped.
+    started = visits > 0
+    ratio = effective_ratio(successes[started], visits[started], skipped=len(pool) - int(started.sum()))
+    mixed = (successes > 0) & (successes < visits)
+    kept = (
+        int(dapo_keep(successes[started], visits[started]).sum()) if strategy.filters_groups else ratio.active
+    )
+    for tree in np.flatnonzero(started).tolist():
+        prompt_id = forest.prompts[tree].prompt_id
+        record = history.setdefault(prompt_id, PromptRecord())
+        record.successes += forest.bare_successes[tree]
+        record.trials += forest.bare_trials[tree]
+        record.zero_variance_streak = 0 if mixed[tree] else record.zero_variance_streak + 1
+        if learn:
+            workload.learn(prompt_id, bool(mixed[tree]))
+    return StepResult(
+        pool=len(pool),
+        active=ratio.active,
+        mixed=ratio.mixed,
+        kept=kept,
+        mixed_forks=mixed_forks,
+        rollouts=ledger.rollouts,
+        continuations=ledger.continuations,
+        turns=ledger.turns,
+        fallback_units=ledger.fallback_units,
+    )
+
+
+def run_strategy(
+    sim_config: SimConfig,
+    seed: int,
+    strategy: Strategy,
+    config: StepConfig,
+    *,
+    steps: int,
+    pool_size: int,
+    learn: bool = True,
+    on_step: Callable[[int, StepResult], None] | None = None,
+) -> list[StepResult]:
+    """`steps` training steps of one strategy on a fresh workload. The pool of each step depends only on
+    (seed, step), so every strategy sees the same pools."""
+    workload = SimWorkload(sim_config, seed=seed)
+    history: dict[str, PromptRecord] = {}
+    results = []
+    for step in range(steps):
+        pool = workload.sample_pool(pool_size, np.random.default_rng([seed, step, 0]))
+        result = run_step(
+            workload, strategy, pool, history, config, np.random.default_rng([seed, step, 1]), learn=learn
+        )
+        results.append(result)
+        if on_step is not None:
+            on_step(step, result)
+    return results
+
+
+def _queries(
+    prompts: Sequence[Prompt], states: Sequence[RolloutState], history: dict[str, PromptRecord]
+) -> list[Query]:
+    """One query per (prompt, state) with the prompt's recorded outcomes."""
+    records = [history.get(prompt.prompt_id, PromptRecord()) for prompt in prompts]
+    return [
+        Query(prompt, state, record.successes, record.trials)
+        for prompt, state, record in zip(prompts, states, records, strict=True)
+    ]
+
+
+def _root_counts(
+    workload: SimWorkload,
+    strategy: Strategy,
+    pool: Sequence[Prompt],
+    history: dict[str, PromptRecord],
+    config: StepConfig,
+    rng: np.random.Generator,
+) -> IntArray:
+    budget = config.bare_rollouts if strategy.branching is not Branching.none else config.total_rollouts
+    size = config.group_size
+    if strategy.roots in (Roots.uniform, Roots.greso):
+        # n rollouts for as many prompts as the budget allows; when too few prompts are allowed, the rest
+        # of the budget is dealt evenly over them, so that every rule spends the same budget.
+        keep = None
+        if strategy.roots is Roots.greso:
+            streak = [history.get(prompt.prompt_id, PromptRecord()).zero_variance_streak for prompt in pool]
+            keep = greso_keep(streak, rng, keep_probability=config.greso_keep_probability)
+        return uniform_roots(
+            len(pool), budget, min_rollouts=size, max_rollouts=config.max_rollouts, keep=keep
+        )
+    roots = _queries(pool, [workload.start(prompt.prompt_id) for prompt in pool], history)
+    if strategy.roots is Roots.knapsack:
+        # Knapsack RL uses success rates measured in earlier epochs, not a model.
+        previous = posterior_estimator(roots)
+        return allocate_roots(
+            previous,
+            budget,
+            min_rollouts=config.min_rollouts,
+            max_rollouts=config.max_rollouts,
+            weight=knapsack_weight(previous),
+        ).counts
+    v = _estimate(strategy.estimator, roots)
+    if strategy.roots is Roots.pcl:
+        return pcl_roots(v, budget, rollouts_per_prompt=size)
+    return allocate_roots(
+        v,
+        budget,
+        min_rollouts=config.min_rollouts,
+        max_rollouts=config.max_rollouts,
+        max_prompts=config.max_prompts,
+    ).counts
+
+
+def _run_bare(workload: SimWorkload, forest: _Forest, ledger: _Ledger, rng: np.random.Generator) -> None:
+    """Run each tree's planned bare rollouts. Counting turns, whole groups are admitted in pool order
+    while their worst case (count · max_turns) fits the turns left, round after round; a group that never
+    fits is never started."""
+    pending = list(range(len(forest.prompts)))
+    while pending:
+        if ledger.turn_budget is None:
+            admitted, pending = pending, []
+        else:
+            admitted, room = [], ledger.turns_left
+            for tree in pending:
+                worst = forest.planned[tree] * workload.config.max_turns
+                if worst > room:
+                    break
+                admitted.append(tree)
+                room -= worst
+            if not admitted:
+                return
+            pending = pending[len(admitted) :]
+        owners = [tree for tree in admitted for _ in range(forest.planned[tree])]
+        starts = [workload.start(forest.prompts[tree].prompt_id) for tree in owners]
+        trajectories = workload.run(starts, rng)
+        ledger.charge(trajectories, continuation=False)
+        for tree, trajectory in zip(owners, trajectories, strict=True):
+            forest.add(tree, ROOT, trajectory, bare=True)
+
+
+def _branch(
+    workload: SimWorkload,
+    strategy: Strategy,
+    forest: _Forest,
+    history: dict[str, PromptRecord],
+    config: StepConfig,
+    ledger: _Ledger,
+    rng: np.random.Generator,
+) -> None:
+    """Stage 2 (or random branching) over every started tree, in planning rounds; a round makes one
+    batched estimator call and one plan per tree.
+
+    Counting rollouts, tree i gets ⌊m_i·N⌋ continuations split over `config.rounds`, each round run as
+    one simulator batch. Counting turns, tree i's allowance is its share of the turns left (in proportion
+    to m_i); a round plans as many continuations as the allowance buys at the expected cost of the tree's
+    candidates. Planned continuations start in waves, each admitted only while its worst case (running
+    to max_turns) fits the step's turns left; a new round is planned when every planned one has run, and
+    branching ends when a round plans nothing or nothing more fits.
+    """
+    started = [trials > 0 for trials in forest.bare_trials]
+    if ledger.turn_budget is None:
+        units = [
+            round_budgets(math.floor(planned * config.expansion), config.rounds) for planned in forest.planned
+        ]
+        for round_index in range(config.rounds):
+            budgets = [tree_units[round_index] for tree_units in units]
+            planned = _plan_round(strategy, forest, history, started, budgets, workload.config, rng, ledger)
+            _run_continuations(workload, forest, planned, ledger, rng)
+        return
+
+    shares = [count if is_started else 0 for count, is_started in zip(forest.planned, started, strict=True)]
+    turns_left = ledger.turns_left
+    allowance = [turns_left * share // max(sum(shares), 1) for share in shares]
+    pending: list[tuple[int, int]] = []
+    while True:
+        if not pending:
+            pending = _plan_round(strategy, forest, history, started, allowance, workload.config, rng, ledger)
+        wave, pending = _admit(forest, pending, ledger.turns_left, workload.config.max_turns)
+        if not wave:
+            return
+        for tree, trajectory in _run_continuations(workload, forest, wave, ledger, rng):
+            allowance[tree] -= len(trajectory)
+
+
+def _plan_round(
+    strategy: Strategy,
+    forest: _Forest,
+    history: dict[str, PromptRecord],
+    started: Sequence[bool],
+    budgets: Sequence[int],
+    sim_config: SimConfig,
+    rng: np.random.Generator,
+    ledger: _Ledger,
+) -> list[tuple[int, int]]:
+    """One planning round: (tree, node) per planned continuation. `budgets` are continuations per tree
+    when counting rollouts and turn allowances when counting turns."""
+    candidates = forest.candidates()
+    estimates: Sequence[FloatArray | None] = (
+        _prefix_estimates(strategy.estimator, forest, candidates, history)
+        if strategy.branching is Branching.trace
+        else [None] * len(candidates)
+    )
+    planned: list[tuple[int, int]] = []
+    for tree, candidate in enumerate(candidates):
+        if not started[tree] or candidate.nodes.size == 0 or budgets[tree] <= 0:
+            continue
+        units = budgets[tree]
+        if ledger.turn_budget is not None:
+            costs = [
+                sim_config.expected_remaining_turns(forest.states[node].turns) for node in candidate.nodes
+            ]
+            units = math.floor(units / float(np.mean(costs)))
+        counts, fallback = _plan(candidate, estimates[tree], units, rng)
+        ledger.fallback_units += fallback
+        for node, count in zip(candidate.nodes.tolist(), counts.tolist(), strict=True):
+            planned.extend([(tree, node)] * count)
+    return planned
+
+
+def _admit(
+    forest: _Forest, planned: Sequence[tuple[int, int]], room: int, max_turns: int
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Split planned continuations into a wave whose worst-case turns fit `room` and the rest that may
+    fit once the wave's actual turns are known; one whose worst case exceeds all of `room` is dropped."""
+    wave: list[tuple[int, int]] = []
+    rest: list[tuple[int, int]] = []
+    free = room
+    for tree, node in planned:
+        worst = max_turns - forest.states[node].turns
+        if worst <= free:
+            wave.append((tree, node))
+            free -= worst
+        elif worst <= room:
+            rest.append((tree, node))
+    return wave, rest
+
+
+def _run_continuations(
+    workload: SimWorkload,
+    forest: _Forest,
+    planned: Sequence[tuple[int, int]],
+    ledger: _Ledger,
+    rng: np.random.Generator,
+) -> list[tuple[int, tuple[RolloutState, ...]]]:
+    """Run one batch of continuations, graft them onto their trees, charge them; (tree, trajectory) each."""
+    trajectories = workload.run([forest.states[node] for _, node in planned], rng)
+    ledger.charge(trajectories, continuation=True)
+    for (tree, node), trajectory in zip(planned, trajectories, strict=True):
+        forest.add(tree, node, trajectory, bare=False)
+    return [(tree, trajectory) for (tree, _), trajectory in zip(planned, trajectories, strict=True)]
+
+
+def _prefix_estimates(
+    estimator: Estimator,
+    forest: _Forest,
+    candidates: Sequence[PrefixCandidates],
+    history: dict[str, PromptRecord],
+) -> list[FloatArray]:
+    """Ṽ at every candidate of every tree, in one estimator call; a prompt's outcomes include this
+    step's scored bare rollouts."""
+    queries: list[Query] = []
+    for tree, candidate in enumerate(candidates):
+        prompt = forest.prompts[tree]
+        record = history.get(prompt.prompt_id, PromptRecord())
+        successes = record.successes + forest.bare_successes[tree]
+        trials = record.trials + forest.bare_trials[tree]
+        queries.extend(
+            Query(prompt, forest.states[node], successes, trials) for node in candidate.nodes.tolist()
+        )
+    estimates = _estimate(estimator, queries)
+    bounds = np.cumsum([candidate.nodes.size for candidate in candidates])[:-1]
+    return np.split(estimates, bounds)
+
+
+def _estimate(estimator: Estimator, queries: Sequence[Query]) -> FloatArray:
+    """Call a pluggable estimator and check its answer: one probability per query."""
+    estimates = np.asarray(estimator(queries), dtype=np.float64)
+    if estimates.shape != (len(queries),):
+        raise ValueError(f"the estimator returned shape {estimates.shape} for {len(queries)} queries")
+    if not np.all((estimates >= 0.0) & (estimates <= 1.0)):
+        raise ValueError("the estimator returned values outside [0, 1] (or NaN)")
+    return estimates
+
+
+def _plan(
+    candidate: PrefixCandidates, estimates: FloatArray | None, budget: int, rng: np.random.Generator
+) -> tuple[IntArray, int]:
+    """Continuations per candidate and the units that went to the fallback: Stage 2 when there are
+    estimates, random branching otherwise."""
+    if estimates is None:
+        return random_branching(candidate.nodes.size, budget, rng, blocked=candidate.blocked), 0
+    expansion = expand_prefixes(estimates, candidate.outcome, budget, blocked=candidate.blocked)
+    return expansion.counts, expansion.fallback_units

@@ -1,0 +1,185 @@
+"""The benchmark harness keeps its books: equal budgets, never exceeded, in rollouts and in turns."""
+
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trace_client.sim import Prompt, RolloutState, SimConfig, SimWorkload, VocabularyConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root holds `bench`
+
+from bench.harness import (
+    Branching,
+    BudgetUnit,
+    PromptRecord,
+    Query,
+    Roots,
+    StepConfig,
+    Strategy,
+    default_strategies,
+    oracle_estimator,
+    posterior_estimator,
+    run_step,
+    run_strategy,
+)
+
+# Small enough for a fast file, large enough that every strategy has choices to make.
+SIM = SimConfig(prompts=192, vocabulary=VocabularyConfig(distractor_words=400))
+POOL = 64
+BARE = 128
+STRATEGIES = default_strategies()
+BY_NAME = {strategy.name: strategy for strategy in STRATEGIES}
+
+
+def fresh_pool(seed: int = 0) -> tuple[SimWorkload, list[Prompt]]:
+    workload = SimWorkload(SIM, seed=seed)
+    return workload, workload.sample_pool(POOL, np.random.default_rng(seed))
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda strategy: strategy.name)
+def test_rollout_budget_is_equal_and_never_exceeded(strategy: Strategy) -> None:
+    config = StepConfig(bare_rollouts=BARE, expansion=2.0)
+    workload, pool = fresh_pool()
+    result = run_step(workload, strategy, pool, {}, config, np.random.default_rng(1))
+    assert result.rollouts <= config.total_rollouts
+    if strategy.branching is Branching.none:
+        assert result.continuations == 0
+        assert result.mixed_forks == 0
+    else:
+        assert result.rollouts - result.continuations <= BARE
+        assert result.continuations <= math.floor(BARE * config.expansion)
+    if strategy.name in ("uniform", "treepo", "trace_prefix", "oracle", "trace"):
+        # These spend the whole budget: uniform roots fill it in groups of n, Stage 1 has positive value.
+        assert result.rollouts == config.total_rollouts
+    assert result.active + result.skipped == POOL
+    assert result.mixed <= result.active
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda strategy: strategy.name)
+def test_turn_budget_is_never_exceeded_and_mostly_spent(strategy: Strategy) -> None:
+    config = StepConfig(bare_rollouts=BARE, expansion=2.0).counted_in(BudgetUnit.turns, SIM)
+    workload, pool = fresh_pool()
+    result = run_step(workload, strategy, pool, {}, config, np.random.default_rng(1))
+    assert result.turns <= config.turn_budget
+    if strategy.branching is not Branching.none:
+        # Continuations are admitted while any fits, so little of the budget is left over.
+        assert result.turns >= 0.97 * config.turn_budget
+
+
+def test_deep_continuations_are_cheaper_in_turns() -> None:
+    """Counting turns, a strategy that branches starts more rollouts than R: continuations from deep
+    prefixes cost less than a whole rollout."""
+    trace = BY_NAME["oracle"]
+    config = StepConfig(bare_rollouts=BARE, expansion=2.0).counted_in(BudgetUnit.turns, SIM)
+    workload, pool = fresh_pool()
+    result = run_step(workload, trace, pool, {}, config, np.random.default_rng(1))
+    assert result.rollouts > config.total_rollouts
+
+
+def test_oracle_finds_more_contrast_than_blind_rules() -> None:
+    config = StepConfig(bare_rollouts=BARE, expansion=2.0)
+    runs = {
+        name: run_strategy(SIM, 3, BY_NAME[name], config, steps=3, pool_size=POOL)
+        for name in ("uniform", "treepo", "oracle")
+    }
+    mixed = {name: sum(r.mixed for r in results) for name, results in runs.items()}
+    forks = {name: sum(r.mixed_forks for r in results) for name, results in runs.items()}
+    assert mixed["oracle"] > 1.2 * mixed["uniform"]
+    assert forks["oracle"] > 2 * forks["treepo"]
+
+
+def test_runs_are_reproducible() -> None:
+    config = StepConfig(bare_rollouts=BARE, expansion=2.0)
+    trace = BY_NAME["trace"]
+    first = run_strategy(SIM, 5, trace, config, steps=2, pool_size=POOL)
+    assert first == run_strategy(SIM, 5, trace, config, steps=2, pool_size=POOL)
+
+
+def test_dapo_keeps_only_mixed_groups() -> None:
+    config = StepConfig(bare_rollouts=BARE, expansion=2.0)
+    for result in run_strategy(SIM, 1, BY_NAME["dapo"], config, steps=2, pool_size=POOL):
+        assert result.kept == result.mixed
+        assert result.active > result.mixed
+
+
+def test_learning_moves_only_the_mixed_prompts() -> None:
+    config = StepConfig(bare_rollouts=BARE, expansion=2.0)
+    uniform = BY_NAME["uniform"]
+    workload = SimWorkload(SIM, seed=2)
+    ids = [prompt.prompt_id for prompt in workload.prompts]
+    before = workload.true_success_many(ids)
+    pool = workload.sample_pool(POOL, np.random.default_rng(0))
+    history: dict[str, PromptRecord] = {}
+    result = run_step(workload, uniform, pool, history, config, np.random.default_rng(1))
+    moved = {ids[index] for index in np.flatnonzero(workload.true_success_many(ids) != before)}
+    mixed = {prompt_id for prompt_id, record in history.items() if record.zero_variance_streak == 0}
+    assert moved == mixed
+    assert len(moved) == result.mixed
+
+
+class RecordingEstimator:
+    """Answers 0.5 everywhere and keeps every query it was asked."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[Query]] = []
+
+    def __call__(self, queries: Sequence[Query]) -> np.ndarray:
+        self.calls.append(list(queries))
+        return np.full(len(queries), 0.5)
+
+
+def test_estimator_sees_roots_then_prefixes_with_current_outcomes() -> None:
+    estimator = RecordingEstimator()
+    strategy = Strategy("probe", Roots.trace, Branching.trace, estimator)
+    config = StepConfig(bare_rollouts=BARE, expansion=1.0)
+    workload, pool = fresh_pool()
+    history: dict[str, PromptRecord] = {}
+    run_step(workload, strategy, pool, history, config, np.random.default_rng(1))
+    roots, prefixes = estimator.calls
+    assert all(query.state.turns == 0 and query.trials == 0 for query in roots)
+    assert all(query.state.turns >= 1 and not query.state.done for query in prefixes)
+    # At Stage 2 a prompt's outcomes already include this step's scored bare rollouts.
+    for query in prefixes:
+        record = history[query.prompt.prompt_id]
+        assert (query.successes, query.trials) == (record.successes, record.trials)
+        assert query.trials >= config.min_rollouts
+
+
+def test_a_wrongly_shaped_estimate_is_an_error() -> None:
+    def broken(queries: Sequence[Query]) -> np.ndarray:
+        return np.full(len(queries) + 1, 0.5)
+
+    strategy = Strategy("broken", Roots.trace, Branching.trace, broken)
+    config = StepConfig(bare_rollouts=BARE, expansion=1.0)
+    workload, pool = fresh_pool()
+    with pytest.raises(ValueError, match="returned shape"):
+        run_step(workload, strategy, pool, {}, config, np.random.default_rng(1))
+
+
+@pytest.mark.parametrize(("successes", "trials"), [(0, 0), (3, 4), (0, 9), (7, 7)])
+def test_posterior_and_oracle_estimators(successes: int, trials: int) -> None:
+    prompt = Prompt("any", "text")
+    state = RolloutState("any", p=0.3)
+    (estimate,) = posterior_estimator([Query(prompt, state, successes, trials)])
+    assert estimate == pytest.approx((1 + successes) / (2 + trials))
+    assert oracle_estimator([Query(prompt, state, successes, trials)])[0] == 0.3
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"bare_rollouts": -1}, "bare_rollouts"),
+        ({"expansion": -0.5}, "expansion"),
+        ({"expansion": math.inf}, "expansion"),
+        ({"group_size": 0}, "group_size"),
+        ({"rounds": 0}, "rounds"),
+        ({"unit": BudgetUnit.turns}, "turn budget"),
+    ],
+)
+def test_step_config_rejects(arguments: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        StepConfig(**arguments)  # type: ignore[arg-type]
