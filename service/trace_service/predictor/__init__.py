@@ -1,0 +1,61 @@
+"""The shared success predictor Ṽ(H): probability that a rollout continued from history H succeeds.
+
+One model serves roots (H = the prompt alone) and prefixes (the prompt and the turns so far). Typical
+use by the service::
+
+    predictor = SuccessPredictor(PredictorConfig(feature_dim=0, device="auto"))
+    featurizer = predictor.featurizer
+
+    root = featurizer.encode_prompt(prompt_id, prompt_text, prompt_features)   # store per node
+    node = featurizer.extend(root, turn_text, turn_features)                   # O(new turn)
+    counts = OutcomeCounts(successes, trials)       # the prompt's bare-rollout outcomes in earlier steps
+    version, values = predictor.predict_versioned([Query(root, counts), Query(node, counts)])
+
+    # when a tree completes: one call per tree, with V̂ and visits n of every scored node
+    predictor.add_examples([TrainingExample(node, target=v_hat, weight=n, outcomes=counts), ...])
+    predictor.train_round(max_steps=100)        # background thread; publishes version + 1
+    blob = predictor.to_bytes()                 # publish to other replicas (checksummed)
+    other.update_from_bytes(blob)               # adopts newer weights; CheckpointError keeps its own
+    report = predictor.diagnostics()            # Brier, ECE, Spearman overall and by depth (held out)
+
+Until the first training round (version 0) a prediction is the prompt's Beta posterior mean
+(s + 1) / (n + 2), i.e. 0.5 for a prompt never seen; the network is a residual on that value, so later
+versions continue from it. ``predict`` never waits for training: each call uses one published version.
+Training steps are bounded by ``replay_ratio`` samples per example added, so calling ``train_round`` in
+a loop is safe. Modules: ``features`` (stable hashed n-grams, incremental encoding), ``model`` (torch
+network and batching), ``training`` (online training, versions, checkpoints), ``checkpoint`` (the
+checksummed format), ``diagnostics`` (pure numpy measures). Bad input raises ValueError with a message
+that names the problem (CheckpointError, a ValueError, for damaged checkpoints).
+"""
+
+from trace_service.predictor.checkpoint import CheckpointError
+from trace_service.predictor.diagnostics import PredictorDiagnostics
+from trace_service.predictor.features import (
+    EncodedHistory,
+    FeaturizerConfig,
+    HistoryFeaturizer,
+    OutcomeCounts,
+    Turn,
+)
+from trace_service.predictor.model import Query
+from trace_service.predictor.training import (
+    PredictorConfig,
+    SuccessPredictor,
+    TrainingExample,
+    TrainRoundResult,
+)
+
+__all__ = [
+    "CheckpointError",
+    "EncodedHistory",
+    "FeaturizerConfig",
+    "HistoryFeaturizer",
+    "OutcomeCounts",
+    "PredictorConfig",
+    "PredictorDiagnostics",
+    "Query",
+    "SuccessPredictor",
+    "TrainRoundResult",
+    "TrainingExample",
+    "Turn",
+]

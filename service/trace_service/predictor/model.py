@@ -1,0 +1,222 @@
+"""The success model: hashed n-gram bags and dense features → MLP → probability of success.
+
+    x      = [mean-bag(prompt) ⊕ mean-bag(earlier turns) ⊕ mean-bag(latest turn) ⊕ standardise(dense)]
+    logit  = logit(prior mean) + head(MLP(x))
+    Ṽ(H)   = σ(logit)
+
+The residual on the prompt's Beta posterior mean makes a fresh model (zero-initialised head) predict
+exactly the cold-start value, so the first published weights continue smoothly from it. ``dense`` is
+the structural features, the posterior mean and log1p(trials), and, when ``feature_dim > 0``, the
+prompt's and the latest client feature vectors, each with a presence flag (an absent vector is zeros).
+Dense inputs are standardised with the training data's mean and standard deviation (stored in the
+model's buffers) so that client vectors of any scale are usable. ``x`` passes through dropout while
+training.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch import Tensor, nn
+
+from trace_service.predictor.features import STRUCTURAL_FEATURE_NAMES, EncodedHistory, OutcomeCounts
+
+# Standardised dense inputs are clipped to this many standard deviations: one wild client value must
+# not saturate the network.
+_DENSE_CLIP = 8.0
+# The prior mean is kept this far from 0 and 1 so that its logit stays finite.
+_PRIOR_EPSILON = 1e-4
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """One history to score, with its prompt's outcome counts from earlier steps."""
+
+    history: EncodedHistory
+    outcomes: OutcomeCounts = field(default_factory=OutcomeCounts)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInputs:
+    """A collated batch: flat id arrays with per-row offsets for each bag, dense rows, prior logits."""
+
+    prompt_ids: Tensor
+    prompt_offsets: Tensor
+    earlier_ids: Tensor
+    earlier_offsets: Tensor
+    latest_ids: Tensor
+    latest_offsets: Tensor
+    dense: Tensor
+    prior_logit: Tensor
+
+    def to(self, device: torch.device) -> ModelInputs:
+        return ModelInputs(**{item.name: getattr(self, item.name).to(device) for item in fields(self)})
+
+
+def dense_dim(feature_dim: int) -> int:
+    """Width of the dense input: structural features, posterior mean and log-count, client slots."""
+    client = 2 * (feature_dim + 1) if feature_dim > 0 else 0
+    return len(STRUCTURAL_FEATURE_NAMES) + 2 + client
+
+
+def dense_features(
+    queries: Sequence[Query], feature_dim: int, prior_successes: float, prior_failures: float
+) -> npt.NDArray[np.float32]:
+    """Unstandardised dense rows, one per query (see the module docstring for the columns)."""
+    rows = np.zeros((len(queries), dense_dim(feature_dim)), dtype=np.float32)
+    structural = len(STRUCTURAL_FEATURE_NAMES)
+    for row, query in enumerate(queries):
+        history, outcomes = query.history, query.outcomes
+        rows[row, :structural] = history.structural_features()
+        rows[row, structural] = outcomes.posterior_mean(prior_successes, prior_failures)
+        rows[row, structural + 1] = math.log1p(outcomes.trials)
+        if feature_dim > 0:
+            column = structural + 2
+            for vector in (history.prompt_features, history.latest_features):
+                if vector is not None:
+                    rows[row, column] = 1.0
+                    rows[row, column + 1 : column + 1 + feature_dim] = vector
+                column += 1 + feature_dim
+    return rows
+
+
+def prior_means(
+    queries: Sequence[Query], prior_successes: float, prior_failures: float
+) -> npt.NDArray[np.float64]:
+    """Beta posterior mean (s + α) / (n + α + β) of each query's prompt: the cold-start prediction."""
+    return np.array(
+        [query.outcomes.posterior_mean(prior_successes, prior_failures) for query in queries],
+        dtype=np.float64,
+    )
+
+
+def _bag(arrays: list[npt.NDArray[np.int64]]) -> tuple[Tensor, Tensor]:
+    lengths = np.fromiter((len(ids) for ids in arrays), dtype=np.int64, count=len(arrays))
+    offsets = np.zeros(len(arrays), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=offsets[1:])
+    flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
+    return torch.from_numpy(flat), torch.from_numpy(offsets)
+
+
+def _earlier_turn_ids(history: EncodedHistory, max_tokens: int) -> npt.NDArray[np.int64]:
+    """Ids of all turns but the latest, keeping the most recent ``max_tokens`` of them."""
+    kept: list[npt.NDArray[np.int64]] = []
+    room = max_tokens
+    for ids in reversed(history.turn_tokens[:-1]):
+        if room <= 0:
+            break
+        kept.append(ids[-room:] if len(ids) > room else ids)
+        room -= len(ids)
+    if not kept:
+        return np.zeros(0, dtype=np.int64)
+    return np.concatenate(kept[::-1])
+
+
+def collate(
+    queries: Sequence[Query],
+    *,
+    feature_dim: int,
+    max_history_tokens: int,
+    prior_successes: float,
+    prior_failures: float,
+) -> ModelInputs:
+    """Build the CPU tensors of one batch."""
+    empty = np.zeros(0, dtype=np.int64)
+    prompt_ids, prompt_offsets = _bag([query.history.prompt_tokens for query in queries])
+    earlier_ids, earlier_offsets = _bag(
+        [_earlier_turn_ids(query.history, max_history_tokens) for query in queries]
+    )
+    latest_ids, latest_offsets = _bag(
+        [query.history.turn_tokens[-1] if query.history.turn_tokens else empty for query in queries]
+    )
+    means = np.clip(prior_means(queries, prior_successes, prior_failures), _PRIOR_EPSILON, 1 - _PRIOR_EPSILON)
+    return ModelInputs(
+        prompt_ids=prompt_ids,
+        prompt_offsets=prompt_offsets,
+        earlier_ids=earlier_ids,
+        earlier_offsets=earlier_offsets,
+        latest_ids=latest_ids,
+        latest_offsets=latest_offsets,
+        dense=torch.from_numpy(dense_features(queries, feature_dim, prior_successes, prior_failures)),
+        prior_logit=torch.from_numpy(np.log(means / (1 - means)).astype(np.float32)),
+    )
+
+
+class SuccessModel(nn.Module):
+    """Three mean-pooled embedding bags and standardised dense features into a two-layer MLP."""
+
+    dense_mean: Tensor
+    dense_scale: Tensor
+
+    def __init__(
+        self, num_buckets: int, dense_width: int, embed_dim: int, hidden_dim: int, dropout: float
+    ) -> None:
+        super().__init__()
+        self.dropout = dropout
+        self.prompt_bag = nn.EmbeddingBag(num_buckets, embed_dim, mode="mean")
+        self.earlier_bag = nn.EmbeddingBag(num_buckets, embed_dim, mode="mean")
+        self.latest_bag = nn.EmbeddingBag(num_buckets, embed_dim, mode="mean")
+        for bag in (self.prompt_bag, self.earlier_bag, self.latest_bag):
+            # Small initial embeddings: a bag of unseen tokens should start close to "no information".
+            nn.init.normal_(bag.weight, std=0.1)
+        self.register_buffer("dense_mean", torch.zeros(dense_width))
+        self.register_buffer("dense_scale", torch.ones(dense_width))
+        self.body = nn.Sequential(
+            nn.Linear(3 * embed_dim + dense_width, hidden_dim),
+            nn.ReLU(),
+            nn.Linear(hidden_dim, hidden_dim),
+            nn.ReLU(),
+        )
+        self.head = nn.Linear(hidden_dim, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, inputs: ModelInputs, dropout_generator: torch.Generator | None = None) -> Tensor:
+        """Logits of success, shape (batch,). Dropout applies only when a generator is given (training):
+        a private generator keeps training reproducible and leaves the global torch RNG alone."""
+        dense = ((inputs.dense - self.dense_mean) / self.dense_scale).clamp(-_DENSE_CLIP, _DENSE_CLIP)
+        features = torch.cat(
+            [
+                self.prompt_bag(inputs.prompt_ids, inputs.prompt_offsets),
+                self.earlier_bag(inputs.earlier_ids, inputs.earlier_offsets),
+                self.latest_bag(inputs.latest_ids, inputs.latest_offsets),
+                dense,
+            ],
+            dim=1,
+        )
+        if dropout_generator is not None and self.dropout > 0:
+            keep = torch.rand(features.shape, generator=dropout_generator, device=features.device)
+            features = features * (keep >= self.dropout) / (1 - self.dropout)
+        correction: Tensor = self.head(self.body(features))
+        return inputs.prior_logit + correction.squeeze(1)
+
+    def set_dense_standardisation(self, mean: npt.NDArray[np.float64], std: npt.NDArray[np.float64]) -> None:
+        """Use ``mean`` and ``std`` (a zero std becomes 1: a constant column carries no signal)."""
+        with torch.no_grad():
+            self.dense_mean.copy_(torch.as_tensor(mean, dtype=torch.float32))
+            self.dense_scale.copy_(torch.as_tensor(np.where(std > 1e-6, std, 1.0), dtype=torch.float32))
+
+    def predict(self, inputs: ModelInputs) -> npt.NDArray[np.float64]:
+        """Probabilities of success in [0, 1] for a collated batch, without autograd."""
+        device = self.dense_mean.device
+        with torch.inference_mode():
+            probabilities = torch.sigmoid(self.forward(inputs.to(device)))
+        return probabilities.to("cpu", torch.float64).numpy()
+
+
+def resolve_device(device: str) -> torch.device:
+    """``"auto"`` is CUDA when available, else CPU; an explicit CUDA request without CUDA is an error."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as error:
+        raise ValueError(f"unknown device {device!r}: {error}") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available")
+    return resolved
