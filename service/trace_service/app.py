@@ -1,0 +1,125 @@
+"""The application factory: ``create_app(settings)`` and the lifespan that owns the store, the
+predictor and the background tasks.  Run with ``trace-rollout serve`` or
+``uvicorn trace_service.app:create_app --factory``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from prometheus_client import CollectorRegistry
+from redis.exceptions import RedisError
+
+from trace_proto import API_VERSION, ExpandRequest
+from trace_service import __version__
+from trace_service.engine import Engine
+from trace_service.errors import install_error_handlers
+from trace_service.metrics import Metrics
+from trace_service.middleware import (
+    AuthMiddleware,
+    BodyLimitMiddleware,
+    MetricsMiddleware,
+    RequestContextMiddleware,
+)
+from trace_service.routers import allocate, expand, health, predictor, trees
+from trace_service.runtime import PredictorRuntime, build_predictor
+from trace_service.settings import Settings
+from trace_service.store import TreeStore, connect
+
+logger = logging.getLogger(__name__)
+
+
+async def _every(seconds: float, work: Callable[[], Awaitable[object]], name: str) -> None:
+    """Run ``work`` forever at a fixed interval; a failed round is logged, never fatal."""
+    while True:
+        await asyncio.sleep(seconds)
+        try:
+            await work()
+        except (RedisError, OSError) as error:
+            logger.warning("%s: store unavailable: %s", name, error)
+        except Exception:
+            logger.exception("%s failed", name)
+
+
+def create_app(settings: Settings | None = None, *, store: TreeStore | None = None) -> FastAPI:
+    """Build the service.  ``store`` injects a ready store (tests); otherwise the settings name one."""
+    settings = settings or Settings()
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.torch_threads:
+            import torch
+
+            torch.set_num_threads(settings.torch_threads)
+        tree_store = store or TreeStore(
+            connect(settings.store_url, cluster=settings.store_cluster),
+            prefix=settings.store_prefix,
+            tree_ttl=settings.tree_ttl_seconds,
+            job_ttl=settings.job_ttl_seconds,
+            idempotency_ttl=settings.idempotency_ttl_seconds,
+        )
+        model = build_predictor(
+            settings.predictor_device, settings.predictor_feature_dim, settings.predictor_checkpoint
+        )
+        runtime = PredictorRuntime(
+            model,
+            tree_store,
+            metrics,
+            success_threshold=settings.success_threshold,
+            train_steps=settings.train_steps_per_round,
+        )
+        with contextlib.suppress(RedisError, OSError):
+            await runtime.refresh(train=False)  # start from the newest published weights
+        engine = Engine(tree_store, runtime, settings, metrics)
+        app.state.engine = engine
+        tasks = [
+            asyncio.create_task(_every(settings.train_interval_seconds, runtime.refresh, "predictor")),
+            asyncio.create_task(_every(settings.sweep_interval_seconds, engine.sweep, "sweeper")),
+        ]
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if store is None:
+                await tree_store.aclose()
+
+    app = FastAPI(
+        title="trace-rollout",
+        version=__version__,
+        summary="TRACE rollout allocation: spend an RLVR rollout budget where outcomes are likely mixed.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.registry = registry
+    for router in (allocate.router, expand.router, trees.router, predictor.router, health.router):
+        app.include_router(router)
+    install_error_handlers(app)
+    # Outermost first: the request id exists before anything can fail; metrics see every answer.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(AuthMiddleware, tokens=[token.get_secret_value() for token in settings.auth_tokens])
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.add_middleware(RequestContextMiddleware)
+    app.openapi = lambda: openapi_document(app)  # type: ignore[method-assign]
+    return app
+
+
+def openapi_document(app: FastAPI) -> dict[str, Any]:
+    """The OpenAPI document, with the /v1/expand body (parsed event by event) described as ExpandRequest."""
+    if app.openapi_schema is None:
+        document = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
+        document["info"]["x-api-version"] = API_VERSION
+        schemas = document.setdefault("components", {}).setdefault("schemas", {})
+        expand_schema = ExpandRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+        schemas.update(expand_schema.pop("$defs", {}))
+        schemas["ExpandRequest"] = expand_schema
+        app.openapi_schema = document
+    return app.openapi_schema

@@ -1,0 +1,521 @@
+"""What the API does, independent of HTTP: allocation, event intake with Stage 2 decisions, instruction
+leases, tree export and statistics.  Routers translate requests to these calls; the algorithms are the
+pure functions of ``trace_service.allocation`` and ``trace_service.tree``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from trace_proto import (
+    AllocateRequest,
+    AllocateResponse,
+    ExpandEvent,
+    ExpandResponse,
+    HistoryIn,
+    Instruction,
+    InstructionsResponse,
+    JobStats,
+    Policy,
+    PredictResponse,
+    RejectedEvent,
+    SkippedPrompt,
+    StepStats,
+    TreeAllocation,
+    TreeNode,
+    TreeResponse,
+    TreeStatus,
+)
+from trace_service.allocation import (
+    allocate_roots,
+    allocate_roots_exact,
+    expand_prefixes,
+    greso_keep,
+    knapsack_weight,
+    pcl_roots,
+    random_branching,
+    root_value,
+    round_budgets,
+    spread_evenly,
+    uniform_roots,
+)
+from trace_service.metrics import Metrics
+from trace_service.predictor import OutcomeCounts, Query
+from trace_service.runtime import PredictorRuntime
+from trace_service.settings import Settings
+from trace_service.store import NewTree, StoredTree, TreeStore
+from trace_service.tree import advantages, prefix_candidates, tree_targets
+
+logger = logging.getLogger(__name__)
+
+IntArray = npt.NDArray[np.int64]
+
+#: Stage 1 of each policy: TRACE's solver, or a baseline's rule.
+_TRACE_ROOTS = {Policy.TRACE, Policy.TRACE_ROOT}
+#: Stage 2 of each policy: TRACE's greedy, random prefixes (TreePO), or an even spread (uniform family).
+_TRACE_PREFIXES = {Policy.TRACE, Policy.TRACE_PREFIX}
+_RANDOM_PREFIXES = {Policy.TREEPO, Policy.TRACE_ROOT}
+#: Largest B·M·m_max for which Knapsack RL runs its exact DP; beyond it the envelope solver.
+_KNAPSACK_DP_CELLS = 20_000_000
+
+
+class NotFoundError(LookupError):
+    """An unknown tree or job."""
+
+
+class Engine:
+    def __init__(
+        self,
+        store: TreeStore,
+        predictor: PredictorRuntime,
+        settings: Settings,
+        metrics: Metrics,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.predictor = predictor
+        self.settings = settings
+        self.metrics = metrics
+        self.clock = clock
+        self._rng = np.random.default_rng()
+
+    # --- POST /v1/allocate -------------------------------------------------------------------------
+
+    async def allocate(self, request: AllocateRequest, idempotency_key: str | None) -> AllocateResponse:
+        if idempotency_key:
+            remembered = await self.store.recall_response(request.job, idempotency_key)
+            if remembered is not None:
+                return AllocateResponse.model_validate_json(remembered)
+        with self.metrics.allocate_duration.labels(request.policy.value).time():
+            response, trees = await self._decide_roots(request)
+        if idempotency_key:
+            winner = await self.store.remember_response(
+                request.job, idempotency_key, response.model_dump_json()
+            )
+            if winner != response.model_dump_json():
+                return AllocateResponse.model_validate_json(winner)  # a concurrent twin was first
+        await self.store.create_trees(trees, self.clock())
+        await self.store.record_step(request.job, request.step, len(request.prompts))
+        active = len(response.trees)
+        self.metrics.allocate_prompts.labels(request.job, "active").inc(active)
+        self.metrics.allocate_prompts.labels(request.job, "skipped").inc(len(response.skipped))
+        promised = self.metrics.budget_promised
+        promised.labels(request.job, "bare").inc(sum(tree.rollouts for tree in trees))
+        promised.labels(request.job, "continuation").inc(sum(tree.expansion_budget for tree in trees))
+        return response
+
+    async def _decide_roots(self, request: AllocateRequest) -> tuple[AllocateResponse, list[NewTree]]:
+        prompts = request.prompts
+        history = await self.store.prompt_outcomes(request.job, [p.prompt_id for p in prompts])
+        featurizer = self.predictor.featurizer
+        queries = [
+            Query(
+                featurizer.encode_prompt(p.prompt_id, p.text or "", p.features),
+                OutcomeCounts(h.successes, h.trials),
+            )
+            for p, h in zip(prompts, history, strict=True)
+        ]
+        version, v = await self.predictor.predict(queries)
+        counts = self._root_counts(request, v, np.array([h.zero_variance_streak for h in history]))
+        expansion = np.floor(counts * request.expansion + 1e-9).astype(np.int64)
+        allocation_id = uuid.uuid4().hex
+        trees = [
+            NewTree(
+                tree_id=uuid.uuid4().hex,
+                allocation_id=allocation_id,
+                job=request.job,
+                step=request.step,
+                prompt_id=p.prompt_id,
+                prompt_text=p.text or "",
+                prompt_features=p.features,
+                rollouts=int(counts[i]),
+                expansion_budget=int(expansion[i]),
+                rounds=request.rounds,
+                policy=request.policy.value,
+                predicted_success=float(v[i]),
+                return_unspent=request.return_unspent,
+                prior_outcomes=(history[i].successes, history[i].trials),
+            )
+            for i, p in enumerate(prompts)
+            if counts[i] > 0
+        ]
+        response = AllocateResponse(
+            allocation_id=allocation_id,
+            job=request.job,
+            step=request.step,
+            policy=request.policy,
+            predictor_version=version,
+            trees=[
+                TreeAllocation(
+                    prompt_id=t.prompt_id,
+                    tree_id=t.tree_id,
+                    rollouts=t.rollouts,
+                    expansion_budget=t.expansion_budget,
+                    predicted_success=t.predicted_success,
+                )
+                for t in trees
+            ],
+            skipped=[
+                SkippedPrompt(prompt_id=p.prompt_id, predicted_success=float(v[i]))
+                for i, p in enumerate(prompts)
+                if counts[i] == 0
+            ],
+            expected_mixed=float(root_value(v, counts).sum()),
+            budget=request.budget,
+        )
+        return response, trees
+
+    def _root_counts(
+        self, request: AllocateRequest, v: npt.NDArray[np.float64], streak: IntArray
+    ) -> IntArray:
+        policy, budget, n = request.policy, request.budget, len(request.prompts)
+        lo, hi, cap = request.min_rollouts, request.max_rollouts, request.max_prompts
+        if policy in _TRACE_ROOTS:
+            return allocate_roots(v, budget, min_rollouts=lo, max_rollouts=hi, max_prompts=cap).counts
+        if policy is Policy.KNAPSACK:
+            solver = allocate_roots_exact if n * budget * hi <= _KNAPSACK_DP_CELLS else allocate_roots
+            weight = knapsack_weight(v)
+            return solver(v, budget, min_rollouts=lo, max_rollouts=hi, max_prompts=cap, weight=weight).counts
+        if policy is Policy.PCL:
+            batch = min(n, request.max_prompts or n)
+            per_prompt = int(np.clip(budget // max(batch, 1), request.min_rollouts, request.max_rollouts))
+            return pcl_roots(v, budget, rollouts_per_prompt=per_prompt)[:n]
+        keep = greso_keep(streak, self._rng) if policy is Policy.GRESO else None
+        return uniform_roots(n, budget, min_rollouts=lo, max_rollouts=hi, max_prompts=cap, keep=keep)
+
+    # --- POST /v1/expand ---------------------------------------------------------------------------
+
+    async def expand(self, events: Sequence[ExpandEvent]) -> ExpandResponse:
+        """Record events tree by tree (each tree's batch atomically, trees concurrently), run the Stage 2
+        decisions they make due, and report per event."""
+        with self.metrics.expand_duration.time():
+            by_tree: dict[str, list[int]] = {}
+            for index, event in enumerate(events):
+                by_tree.setdefault(event.tree_id, []).append(index)
+            by_tree = {tree_id: parents_first(events, indices) for tree_id, indices in by_tree.items()}
+            outcomes = await asyncio.gather(
+                *(self._expand_tree(tree_id, [events[i] for i in idx]) for tree_id, idx in by_tree.items())
+            )
+        accepted = duplicates = 0
+        rejected: list[RejectedEvent] = []
+        instructions: list[Instruction] = []
+        completed: list[str] = []
+        for (tree_id, indices), (codes, tree_instructions, done) in zip(
+            by_tree.items(), outcomes, strict=True
+        ):
+            for index, (code, message) in zip(indices, codes, strict=True):
+                if code == 200:
+                    accepted += 1
+                elif code == 208:
+                    duplicates += 1
+                else:
+                    rejected.append(
+                        RejectedEvent(event_id=events[index].event_id, status=code, error=message)
+                    )
+            instructions.extend(tree_instructions)
+            if done:
+                completed.append(tree_id)
+        self.metrics.expand_events.labels("accepted").inc(accepted)
+        self.metrics.expand_events.labels("duplicate").inc(duplicates)
+        self.metrics.expand_events.labels("rejected").inc(len(rejected))
+        return ExpandResponse(
+            accepted=accepted,
+            duplicates=duplicates,
+            rejected=rejected,
+            instructions=instructions,
+            completed=completed,
+        )
+
+    async def _expand_tree(
+        self, tree_id: str, events: list[ExpandEvent]
+    ) -> tuple[list[tuple[int, str]], list[Instruction], bool]:
+        now = self.clock()
+        batch = await self.store.apply_events(
+            tree_id,
+            events,
+            now=now,
+            success_threshold=self.settings.success_threshold,
+            decision_lease=self.settings.decision_lease_seconds,
+        )
+        codes = [(outcome.code, outcome.message) for outcome in batch.outcomes]
+        job = batch.job
+        if not job:  # unknown tree: every event was rejected
+            return codes, [], False
+        self.metrics.budget_spent.labels(job, "bare").inc(batch.new_bare_leaves)
+        self.metrics.budget_spent.labels(job, "continuation").inc(batch.new_continuation_leaves)
+        if batch.fully_started:
+            await self.store.dequeue_instructions(job, [(tree_id, i) for i in batch.fully_started])
+        instructions: list[Instruction] = []
+        completed = batch.completed
+        if batch.decision_round:
+            await self.store.track_decision(job, tree_id, now + self.settings.decision_lease_seconds)
+            instructions, completed = await self.decide(
+                tree_id, batch.decision_round, batch.token, inline=True
+            )
+        elif batch.completed:
+            await self._on_completed(tree_id)
+        return codes, instructions, completed
+
+    async def decide(
+        self, tree_id: str, round_: int, token: str, *, inline: bool
+    ) -> tuple[list[Instruction], bool]:
+        """Run Stage 2 round ``round_`` for one tree under the claim ``token``; record its instructions.
+
+        ``inline`` instructions go back to the worker whose events triggered them, so they start leased
+        to it; others are free to claim at once.  A failure here loses nothing: the claim lapses and
+        the sweeper decides the round again.
+        """
+        with self.metrics.stage2_duration.time():
+            tree = await self.store.load_tree(tree_id)
+            if tree is None:
+                return [], False
+            meta = tree.meta
+            counts, node_ids, predictions, fallback, share = await self._prefix_counts(tree, round_)
+            instructions = [
+                Instruction(
+                    instruction_id=uuid.uuid4().hex, tree_id=tree_id, node_id=node_ids[i], count=int(c)
+                )
+                for i, c in enumerate(counts)
+                if c > 0
+            ]
+            # What this round does not place (no candidate, the caller asked for it back, or every
+            # candidate already mixed) is returned: never promised, never spent twice.
+            returned = share - int(counts.sum())
+            now = self.clock()
+            recorded, completed = await self.store.commit_decision(
+                tree_id,
+                round=round_,
+                token=token,
+                instructions=[(i.instruction_id, i.node_id, i.count) for i in instructions],
+                predictions=predictions,
+                returned=returned,
+                fallback=fallback,
+                now=now,
+            )
+        if not recorded:
+            return [], False  # another replica took the decision over; its instructions stand
+        free_at = now + self.settings.lease_seconds if inline else now
+        await self.store.settle_decision(meta.job, tree_id, {i.instruction_id: free_at for i in instructions})
+        self.metrics.instructions_issued.labels(meta.job).inc(len(instructions))
+        self.metrics.budget_fallback.labels(meta.job).inc(fallback)
+        self.metrics.budget_unspent.labels(meta.job).inc(returned)
+        if completed:
+            await self._on_completed(tree_id)
+        return instructions, completed
+
+    async def _prefix_counts(
+        self, tree: StoredTree, round_: int
+    ) -> tuple[IntArray, list[str], dict[str, float], int, int]:
+        """Stage 2 for one round: continuations per candidate node, the candidates' ids, Ṽ at them,
+        the fallback units among the continuations, and the round's budget share."""
+        meta = tree.meta
+        shares = round_budgets(meta.expansion_budget, meta.rounds)
+        share = max(sum(shares[:round_]) - meta.promised - meta.returned, 0)
+        index = {node.node_id: i for i, node in enumerate(tree.nodes)}
+        parent = [index[n.parent_id] if n.parent_id else -1 for n in tree.nodes]
+        reward = [n.reward if n.done and n.reward is not None else np.nan for n in tree.nodes]
+        targets = tree_targets(parent, reward, success_threshold=self.settings.success_threshold)
+        candidates = prefix_candidates(targets)
+        node_ids = [tree.nodes[i].node_id for i in candidates.nodes]
+        if not node_ids or share == 0:
+            return np.zeros(len(node_ids), dtype=np.int64), node_ids, {}, 0, share
+        policy = Policy(meta.policy)
+        if policy in _TRACE_PREFIXES:
+            encoded = self.predictor.encode_tree(tree)
+            outcomes = OutcomeCounts(*meta.prior_outcomes)
+            _, p = await self.predictor.predict([Query(encoded[node_id], outcomes) for node_id in node_ids])
+            expansion = expand_prefixes(
+                p, candidates.outcome, share, blocked=candidates.blocked, fallback=not meta.return_unspent
+            )
+            predictions = {node_id: float(value) for node_id, value in zip(node_ids, p, strict=True)}
+            return expansion.counts, node_ids, predictions, expansion.fallback_units, share
+        if policy in _RANDOM_PREFIXES:
+            return random_branching(len(node_ids), share, self._rng), node_ids, {}, 0, share
+        return spread_evenly(np.ones(len(node_ids), dtype=bool), share), node_ids, {}, 0, share
+
+    async def _on_completed(self, tree_id: str) -> None:
+        """Bookkeeping once per tree: the prompt's outcome history, predictor training, metrics."""
+        meta = (await self.store.load_metas([tree_id]))[0]
+        if meta is None:
+            return
+        await self.store.record_prompt_outcome(
+            meta.job, meta.prompt_id, meta.bare_successes, meta.bare_leaves
+        )
+        await self.store.push_completed(meta.tree_id)
+        self.metrics.trees_completed.labels(meta.job, "true" if meta.mixed else "false").inc()
+
+    # --- GET /v1/instructions ----------------------------------------------------------------------
+
+    async def claim_instructions(self, job: str, max_items: int) -> InstructionsResponse:
+        now = self.clock()
+        lease = self.settings.lease_seconds
+        claimed = await self.store.claim_instructions(job, max_items=max_items, lease=lease, now=now)
+        instructions: list[Instruction] = []
+        finished: list[tuple[str, str]] = []
+        trees: dict[str, StoredTree | None] = {}
+        for tree_id, instruction_id, offered_until in claimed:
+            if tree_id not in trees:
+                trees[tree_id] = await self.store.load_tree(tree_id)
+            tree = trees[tree_id]
+            stored = tree.instructions.get(instruction_id) if tree else None
+            if tree is None or stored is None or stored.unstarted <= 0 or tree.meta.finished:
+                finished.append((tree_id, instruction_id))
+                continue
+            if offered_until > stored.created_at + 1e-6:
+                self.metrics.instruction_lease_expiries.labels(job).inc()
+            instructions.append(
+                Instruction(
+                    instruction_id=instruction_id,
+                    tree_id=tree_id,
+                    node_id=stored.node_id,
+                    count=stored.unstarted,
+                )
+            )
+        await self.store.dequeue_instructions(job, finished)
+        self.metrics.instruction_backlog.labels(job).set(await self.store.queue_length(job))
+        return InstructionsResponse(instructions=instructions, lease_seconds=lease)
+
+    async def sweep(self) -> int:
+        """Decide the Stage 2 rounds whose claims lapsed (their replica died mid-decision)."""
+        decided = 0
+        now = self.clock()
+        for job in await self.store.jobs():
+            for tree_id in await self.store.lapsed_decisions(job, now):
+                round_, token = await self.store.take_over_decision(
+                    tree_id, now=now, lease=self.settings.decision_lease_seconds
+                )
+                if not round_:
+                    await self.store.untrack_decision(job, tree_id)
+                    continue
+                await self.store.track_decision(job, tree_id, now + self.settings.decision_lease_seconds)
+                await self.decide(tree_id, round_, token, inline=False)
+                decided += 1
+        return decided
+
+    # --- trees -------------------------------------------------------------------------------------
+
+    async def tree(self, tree_id: str) -> TreeResponse:
+        tree = await self.store.load_tree(tree_id)
+        if tree is None:
+            raise NotFoundError(f"unknown tree {tree_id!r} (it may have expired)")
+        return export_tree(tree, self.settings.success_threshold)
+
+    async def close_tree(self, tree_id: str) -> TreeResponse:
+        before = await self.store.close_tree(tree_id, self.clock())
+        if not before:
+            raise NotFoundError(f"unknown tree {tree_id!r} (it may have expired)")
+        tree = await self.store.load_tree(tree_id)
+        if tree is None:
+            raise NotFoundError(f"unknown tree {tree_id!r} (it may have expired)")
+        if before not in ("complete", "closed"):
+            await self.store.dequeue_instructions(tree.meta.job, [(tree_id, i) for i in tree.instructions])
+            await self._on_completed(tree_id)
+        return export_tree(tree, self.settings.success_threshold)
+
+    # --- GET /v1/jobs/{job}/stats and POST /v1/predict ------------------------------------------------
+
+    async def job_stats(self, job: str) -> JobStats:
+        steps = await self.store.steps(job, self.settings.stats_steps)
+        if not steps:
+            raise NotFoundError(f"unknown job {job!r}")
+        summaries = []
+        for step in steps:
+            metas = [m for m in await self.store.load_metas(await self.store.step_tree_ids(job, step)) if m]
+            prompts = max(await self.store.step_prompts(job, step), len(metas))
+            summaries.append(
+                StepStats(
+                    step=step,
+                    prompts=prompts,
+                    active=len(metas),
+                    skipped=prompts - len(metas),
+                    trees_complete=sum(m.finished for m in metas),
+                    mixed=sum(m.mixed for m in metas),
+                    budget_promised=sum(m.rollouts for m in metas),
+                    rollouts_spent=sum(m.bare_leaves for m in metas),
+                    continuations_promised=sum(m.promised for m in metas),
+                    continuations_spent=sum(m.cont_leaves for m in metas),
+                    fallback_units=sum(m.fallback for m in metas),
+                )
+            )
+        if summaries[-1].effective_ratio is not None:
+            self.metrics.effective_ratio.labels(job).set(summaries[-1].effective_ratio)
+        return JobStats(job=job, steps=summaries)
+
+    async def predict(self, job: str, histories: Sequence[HistoryIn]) -> PredictResponse:
+        history = await self.store.prompt_outcomes(job, [h.prompt_id for h in histories])
+        featurizer = self.predictor.featurizer
+        queries = []
+        for h, outcomes in zip(histories, history, strict=True):
+            encoded = featurizer.encode_prompt(h.prompt_id, h.prompt_text or "", h.prompt_features)
+            for turn in h.turns:
+                encoded = featurizer.extend(encoded, turn.text or "", turn.features)
+            queries.append(Query(encoded, OutcomeCounts(outcomes.successes, outcomes.trials)))
+        version, values = await self.predictor.predict(queries)
+        return PredictResponse(predictor_version=version, predictions=[float(x) for x in values])
+
+
+def parents_first(events: Sequence[ExpandEvent], indices: list[int]) -> list[int]:
+    """Order one tree's events so that a parent reported in the same request precedes its children
+    (the contract allows any order within a request); otherwise keep the order they came in."""
+    position = {events[i].node_id: i for i in indices}
+    ordered: list[int] = []
+    placed: set[int] = set()
+    for start in indices:
+        chain = []
+        index: int | None = start
+        while index is not None and index not in placed and index not in chain:
+            chain.append(index)
+            parent = events[index].parent_id
+            index = position.get(parent) if parent is not None else None
+        for i in reversed(chain):
+            placed.add(i)
+            ordered.append(i)
+    return ordered
+
+
+def export_tree(tree: StoredTree, success_threshold: float) -> TreeResponse:
+    """The tree as trainers consume it: per node visits, successes, V̂, Ṽ at decision time, advantage."""
+    meta = tree.meta
+    index = {node.node_id: i for i, node in enumerate(tree.nodes)}
+    parent = [index[n.parent_id] if n.parent_id else -1 for n in tree.nodes]
+    reward = [n.reward if n.done and n.reward is not None else np.nan for n in tree.nodes]
+    targets = tree_targets(parent, reward, success_threshold=success_threshold)
+    advantage = advantages(parent, targets)
+
+    def defined(value: float) -> float | None:
+        return None if np.isnan(value) else float(value)
+
+    return TreeResponse(
+        tree_id=meta.tree_id,
+        prompt_id=meta.prompt_id,
+        job=meta.job,
+        step=meta.step,
+        status=TreeStatus(meta.status),
+        mixed=targets.mixed,
+        rollouts=meta.rollouts,
+        expansion_budget=meta.expansion_budget,
+        value=defined(targets.root_value),
+        nodes=[
+            TreeNode(
+                node_id=node.node_id,
+                parent_id=node.parent_id,
+                depth=int(targets.depth[i]),
+                visits=int(targets.visits[i]),
+                successes=int(targets.successes[i]),
+                value=defined(targets.value[i]),
+                predicted=tree.predictions.get(node.node_id),
+                advantage=defined(advantage[i]),
+                reward=node.reward,
+                instruction_id=node.instruction_id,
+            )
+            for i, node in enumerate(tree.nodes)
+        ],
+    )

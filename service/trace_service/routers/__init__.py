@@ -1,0 +1,1 @@
+"""One router module per resource of the v1 API."""

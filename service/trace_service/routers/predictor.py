@@ -1,0 +1,22 @@
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from trace_proto import PredictorInfo, PredictRequest, PredictResponse
+from trace_proto.v1 import paths
+from trace_service.deps import EngineDep
+from trace_service.routers.responses import ERRORS
+
+router = APIRouter(tags=["predictor"])
+
+
+@router.get(paths.PREDICTOR, response_model=PredictorInfo, responses=ERRORS)
+async def predictor_info(engine: EngineDep) -> PredictorInfo:
+    """Version, examples seen and held-out quality (Brier, ECE, Spearman overall and by depth)."""
+    return engine.predictor.info()
+
+
+@router.post(paths.PREDICT, response_model=PredictResponse, responses=ERRORS)
+async def predict(request: PredictRequest, engine: EngineDep) -> PredictResponse:
+    """Ṽ(H) for given histories (debugging and offline evaluation)."""
+    return await engine.predict(request.job, request.histories)

@@ -1,0 +1,176 @@
+"""The predictor inside the service: inference off the event loop, training in one place, weights
+shared through the store.
+
+Every replica serves predictions from its own copy of the model.  One replica at a time holds the
+trainer's lease in the store; it turns completed trees into examples (targets V̂ and visit weights from
+:func:`trace_service.tree.tree_targets`), trains in a worker thread and publishes versioned weights;
+the others load a newer version when they see one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from trace_proto import PredictorInfo
+from trace_service.metrics import Metrics
+from trace_service.predictor import (
+    CheckpointError,
+    EncodedHistory,
+    HistoryFeaturizer,
+    OutcomeCounts,
+    PredictorConfig,
+    Query,
+    SuccessPredictor,
+    TrainingExample,
+)
+from trace_service.store import StoredTree, TreeStore
+from trace_service.tree import tree_targets
+
+logger = logging.getLogger(__name__)
+
+
+class PredictorRuntime:
+    def __init__(
+        self,
+        predictor: SuccessPredictor,
+        store: TreeStore,
+        metrics: Metrics,
+        *,
+        success_threshold: float,
+        train_steps: int,
+    ) -> None:
+        self.predictor = predictor
+        self.store = store
+        self.metrics = metrics
+        self.success_threshold = success_threshold
+        self.train_steps = train_steps
+        self.owner = uuid.uuid4().hex
+        self._train_lock = asyncio.Lock()
+
+    @property
+    def featurizer(self) -> HistoryFeaturizer:
+        return self.predictor.featurizer
+
+    @property
+    def version(self) -> int:
+        return self.predictor.version
+
+    async def predict(self, queries: Sequence[Query]) -> tuple[int, npt.NDArray[np.float64]]:
+        """Batched inference in a worker thread, so the event loop keeps serving."""
+        if not queries:
+            return self.predictor.version, np.zeros(0)
+        return await asyncio.to_thread(self.predictor.predict_versioned, list(queries))
+
+    def encode_tree(self, tree: StoredTree) -> dict[str, EncodedHistory]:
+        """Encode every node's history, each turn once (parents come before children)."""
+        meta = tree.meta
+        root = self.featurizer.encode_prompt(meta.prompt_id, meta.prompt_text, meta.prompt_features)
+        encoded: dict[str, EncodedHistory] = {}
+        for node in tree.nodes:
+            parent = encoded[node.parent_id] if node.parent_id else root
+            encoded[node.node_id] = self.featurizer.extend(parent, node.text, node.features)
+        return encoded
+
+    def examples(self, tree: StoredTree) -> list[TrainingExample]:
+        """Training examples from a finished tree: every node with a scored leaf below, and the root."""
+        if not tree.nodes:
+            return []
+        index = {node.node_id: i for i, node in enumerate(tree.nodes)}
+        parent = [index[n.parent_id] if n.parent_id else -1 for n in tree.nodes]
+        reward = [n.reward if n.done and n.reward is not None else np.nan for n in tree.nodes]
+        targets = tree_targets(parent, reward, success_threshold=self.success_threshold)
+        meta = tree.meta
+        outcomes = OutcomeCounts(*meta.prior_outcomes)
+        encoded = self.encode_tree(tree)
+        examples = [
+            TrainingExample(
+                encoded[node.node_id], float(targets.value[i]), float(targets.visits[i]), outcomes
+            )
+            for i, node in enumerate(tree.nodes)
+            if targets.visits[i] > 0
+        ]
+        if targets.root_visits:
+            root = self.featurizer.encode_prompt(meta.prompt_id, meta.prompt_text, meta.prompt_features)
+            examples.append(TrainingExample(root, targets.root_value, float(targets.root_visits), outcomes))
+        return examples
+
+    async def refresh(self, *, train: bool = True) -> None:
+        """One round of background work: train if this replica is the trainer, else load new weights."""
+        async with self._train_lock:
+            if train and await self.store.hold_trainer_lease(self.owner, ttl=60.0):
+                await self._train_once()
+            else:
+                await self._load_newer()
+
+    async def _train_once(self) -> None:
+        tree_ids = await self.store.pop_completed(512)
+        added = 0
+        for tree_id in tree_ids:
+            tree = await self.store.load_tree(tree_id)
+            if tree is None:
+                continue
+            try:
+                examples = self.examples(tree)
+            except ValueError as error:  # a malformed tree must not stop training on the others
+                logger.warning("skipping tree %s for training: %s", tree_id, error)
+                continue
+            if examples:
+                self.predictor.add_examples(examples)
+                added += len(examples)
+        if added:
+            self.metrics.predictor_examples.inc(added)
+        if self.predictor.examples_seen == 0 or not added:
+            return
+        with self.metrics.predictor_train_duration.time():
+            result = await asyncio.to_thread(self.predictor.train_round, self.train_steps)
+        if result.steps:
+            blob = await asyncio.to_thread(self.predictor.to_bytes)
+            await self.store.publish_weights(result.version, blob)
+            self._observe()
+
+    async def _load_newer(self) -> None:
+        if await self.store.weights_version() <= self.predictor.version:
+            return
+        published = await self.store.load_weights()
+        if published is None:
+            return
+        try:
+            await asyncio.to_thread(self.predictor.update_from_bytes, published[1])
+        except CheckpointError as error:
+            self.metrics.predictor_load_failures.inc()
+            logger.error(
+                "published predictor weights v%s rejected, keeping v%s: %s", published[0], self.version, error
+            )
+            return
+        self._observe()
+
+    def _observe(self) -> None:
+        report = self.predictor.diagnostics()
+        self.metrics.observe_predictor(
+            version=report.version, brier=report.brier, ece=report.ece, spearman=report.spearman
+        )
+
+    def info(self) -> PredictorInfo:
+        report = self.predictor.diagnostics()
+        return PredictorInfo(
+            version=report.version,
+            examples_seen=report.examples_seen,
+            brier=report.brier,
+            ece=report.ece,
+            spearman=report.spearman,
+            spearman_by_depth={d: v for d, v in report.spearman_by_depth.items() if v is not None},
+            device=str(self.predictor.device),
+        )
+
+
+def build_predictor(device: str, feature_dim: int, checkpoint: str) -> SuccessPredictor:
+    config = PredictorConfig(device=device, feature_dim=feature_dim)
+    if checkpoint:
+        return SuccessPredictor.load(checkpoint, config)
+    return SuccessPredictor(config)

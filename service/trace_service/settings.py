@@ -1,0 +1,55 @@
+"""Service settings, from the environment (prefix ``TRACE_``) or from arguments."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TRACE_", env_file=None, extra="ignore")
+
+    # Store
+    store_url: str = Field(default="", description="redis://… or rediss://…; empty: the embedded store.")
+    store_cluster: bool = Field(default=False, description="The store URL names a Redis Cluster node.")
+    store_prefix: str = "trace"
+    tree_ttl_seconds: int = Field(
+        default=7 * 24 * 3600, ge=60, description="Trees expire this long after their last update."
+    )
+    job_ttl_seconds: int = Field(default=30 * 24 * 3600, ge=60)
+    idempotency_ttl_seconds: int = Field(default=24 * 3600, ge=60)
+
+    # API
+    auth_tokens: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list, description="Bearer tokens; empty: no auth."
+    )
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    lease_seconds: float = Field(
+        default=120.0, gt=0, description="Instruction lease before it is offered again."
+    )
+    decision_lease_seconds: float = Field(default=30.0, gt=0, description="Claim on a Stage 2 decision.")
+    success_threshold: float = Field(default=0.5, description="A reward at or above it is a success.")
+    stats_steps: int = Field(default=100, ge=1, description="Most recent steps reported by job stats.")
+
+    # Predictor
+    predictor_device: str = Field(default="auto", description="auto, cpu or cuda[:n].")
+    predictor_feature_dim: int = Field(
+        default=0, ge=0, description="Length of client feature vectors; 0: none."
+    )
+    predictor_checkpoint: str = Field(default="", description="Load weights from this file at start if set.")
+    train_interval_seconds: float = Field(default=2.0, gt=0)
+    train_steps_per_round: int = Field(default=50, ge=1)
+    torch_threads: int = Field(default=0, ge=0, description="torch intra-op threads; 0: torch's default.")
+
+    # Ops
+    log_level: str = "INFO"
+    sweep_interval_seconds: float = Field(default=5.0, gt=0)
+
+    @field_validator("auth_tokens", mode="before")
+    @classmethod
+    def _split_tokens(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [token.strip() for token in value.split(",") if token.strip()]
+        return value

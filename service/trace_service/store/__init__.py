@@ -1,0 +1,44 @@
+"""Tree state: Redis in production, the same scripts on an in-process Redis by default."""
+
+from __future__ import annotations
+
+from trace_service.store.records import (
+    AppliedBatch,
+    EventOutcome,
+    NewTree,
+    PromptOutcomes,
+    StoredInstruction,
+    StoredNode,
+    StoredTree,
+    TreeMeta,
+)
+from trace_service.store.store import RedisClient, TreeStore
+
+__all__ = [
+    "AppliedBatch",
+    "EventOutcome",
+    "NewTree",
+    "PromptOutcomes",
+    "RedisClient",
+    "StoredInstruction",
+    "StoredNode",
+    "StoredTree",
+    "TreeMeta",
+    "TreeStore",
+    "connect",
+]
+
+
+def connect(url: str | None, *, cluster: bool = False) -> RedisClient:
+    """A Redis client for ``url``, or an in-process Redis (fakeredis with Lua) when ``url`` is empty."""
+    if not url:
+        import fakeredis
+
+        return fakeredis.FakeAsyncRedis()
+    if cluster:
+        from redis.asyncio.cluster import RedisCluster
+
+        return RedisCluster.from_url(url)
+    from redis.asyncio import Redis
+
+    return Redis.from_url(url, health_check_interval=30)

@@ -1,0 +1,74 @@
+"""Every Redis key the service uses, in one place (arq's discipline: one prefix, every key expires).
+
+All keys of one tree share the hash tag ``{t:<tree_id>}`` so that the tree's Lua scripts touch a single
+slot on Redis Cluster; a job's keys share ``{j:<job>}``; the predictor's share ``{predictor}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TreeKeys:
+    meta: str
+    nodes: str
+    events: str
+    instructions: str
+    predictions: str
+
+    @property
+    def all(self) -> list[str]:
+        return [self.meta, self.nodes, self.events, self.instructions, self.predictions]
+
+
+@dataclass(frozen=True)
+class KeySpace:
+    prefix: str = "trace"
+
+    def tree(self, tree_id: str) -> TreeKeys:
+        base = f"{self.prefix}:{{t:{tree_id}}}"
+        return TreeKeys(f"{base}:meta", f"{base}:nodes", f"{base}:events", f"{base}:instr", f"{base}:pred")
+
+    def _job(self, job: str) -> str:
+        return f"{self.prefix}:{{j:{job}}}"
+
+    def instruction_queue(self, job: str) -> str:
+        return f"{self._job(job)}:queue"
+
+    def decisions(self, job: str) -> str:
+        """Trees with a Stage 2 decision claimed, scored by when the claim lapses."""
+        return f"{self._job(job)}:decisions"
+
+    def idempotency(self, job: str, key: str) -> str:
+        return f"{self._job(job)}:idem:{key}"
+
+    def prompt_outcomes(self, job: str) -> str:
+        return f"{self._job(job)}:prompts"
+
+    def step_trees(self, job: str, step: int) -> str:
+        return f"{self._job(job)}:step:{step}"
+
+    def steps_info(self, job: str) -> str:
+        """Per-step counts that no tree records, such as the prompts a step was offered."""
+        return f"{self._job(job)}:stepinfo"
+
+    def steps(self, job: str) -> str:
+        return f"{self._job(job)}:steps"
+
+    @property
+    def jobs(self) -> str:
+        return f"{self.prefix}:jobs"
+
+    @property
+    def completed_trees(self) -> str:
+        """Completed trees waiting to become predictor training examples."""
+        return f"{self.prefix}:{{predictor}}:completed"
+
+    @property
+    def weights(self) -> str:
+        return f"{self.prefix}:{{predictor}}:weights"
+
+    @property
+    def trainer_lease(self) -> str:
+        return f"{self.prefix}:{{predictor}}:trainer"

@@ -1,0 +1,244 @@
+"""Typed records the tree store reads and writes (what the Lua scripts keep as hashes and JSON)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class NewTree:
+    """A tree as /v1/allocate creates it."""
+
+    tree_id: str
+    allocation_id: str
+    job: str
+    step: int
+    prompt_id: str
+    prompt_text: str
+    prompt_features: list[float] | None
+    rollouts: int
+    expansion_budget: int
+    rounds: int
+    policy: str
+    predicted_success: float
+    return_unspent: bool
+    prior_outcomes: tuple[int, int]  # the prompt's (successes, trials) before this step
+
+    def to_hash(self, now: float) -> dict[str, str | int | float]:
+        return {
+            "tree_id": self.tree_id,
+            "allocation_id": self.allocation_id,
+            "job": self.job,
+            "step": self.step,
+            "prompt_id": self.prompt_id,
+            "prompt": json.dumps(
+                {"text": self.prompt_text, "features": self.prompt_features, "prior": self.prior_outcomes}
+            ),
+            "rollouts": self.rollouts,
+            "expansion_budget": self.expansion_budget,
+            "rounds": self.rounds,
+            "policy": self.policy,
+            "predicted": self.predicted_success,
+            "return_unspent": int(self.return_unspent),
+            "status": "collecting",
+            "round": 0,
+            "decision_round": 0,
+            "decision_token": "",
+            "decision_until": 0,
+            "bare_started": 0,
+            "bare_leaves": 0,
+            "bare_successes": 0,
+            "cont_started": 0,
+            "cont_leaves": 0,
+            "successes": 0,
+            "promised": 0,
+            "returned": 0,
+            "fallback": 0,
+            "created_at": now,
+            "updated_at": now,
+            "finished_at": 0,
+        }
+
+
+@dataclass(frozen=True)
+class TreeMeta:
+    """A tree's header and counters."""
+
+    tree_id: str
+    allocation_id: str
+    job: str
+    step: int
+    prompt_id: str
+    prompt_text: str
+    prompt_features: list[float] | None
+    rollouts: int
+    expansion_budget: int
+    rounds: int
+    round: int
+    policy: str
+    predicted_success: float
+    return_unspent: bool
+    prior_outcomes: tuple[int, int]
+    status: str
+    bare_started: int
+    bare_leaves: int
+    bare_successes: int
+    cont_started: int
+    cont_leaves: int
+    successes: int
+    promised: int
+    returned: int
+    fallback: int
+    created_at: float
+    finished_at: float
+
+    @property
+    def leaves(self) -> int:
+        return self.bare_leaves + self.cont_leaves
+
+    @property
+    def mixed(self) -> bool:
+        return 0 < self.successes < self.leaves
+
+    @property
+    def finished(self) -> bool:
+        return self.status in ("complete", "closed")
+
+    @classmethod
+    def from_hash(cls, raw: Mapping[str, str]) -> TreeMeta:
+        prompt = json.loads(raw["prompt"])
+        ints = {
+            name: int(raw[name])
+            for name in (
+                "step", "rollouts", "expansion_budget", "rounds", "round", "bare_started", "bare_leaves",
+                "bare_successes", "cont_started", "cont_leaves", "successes", "promised", "returned",
+                "fallback",
+            )
+        }  # fmt: skip
+        return cls(
+            tree_id=raw["tree_id"],
+            allocation_id=raw["allocation_id"],
+            job=raw["job"],
+            prompt_id=raw["prompt_id"],
+            prompt_text=prompt["text"],
+            prompt_features=prompt["features"],
+            prior_outcomes=(int(prompt["prior"][0]), int(prompt["prior"][1])),
+            policy=raw["policy"],
+            predicted_success=float(raw["predicted"]),
+            return_unspent=raw["return_unspent"] == "1",
+            status=raw["status"],
+            created_at=float(raw["created_at"]),
+            finished_at=float(raw["finished_at"]),
+            **ints,
+        )
+
+
+@dataclass(frozen=True)
+class StoredNode:
+    node_id: str
+    parent_id: str | None
+    depth: int
+    origin: str  # "" for a bare rollout, else the instruction that started the continuation
+    done: bool
+    reward: float | None
+    text: str
+    features: list[float] | None
+    instruction_id: str | None
+    reported_at: float
+
+    @classmethod
+    def from_json(cls, node_id: str, raw: str) -> StoredNode:
+        data = json.loads(raw)
+        return cls(
+            node_id=node_id,
+            parent_id=data["p"] or None,
+            depth=int(data["d"]),
+            origin=data["o"],
+            done=bool(data["done"]),
+            reward=float(data["r"]) if data["r"] != "" else None,
+            text=data["t"],
+            features=json.loads(data["f"]) if data["f"] else None,
+            instruction_id=data["i"] or None,
+            reported_at=float(data["at"]),
+        )
+
+
+@dataclass(frozen=True)
+class StoredInstruction:
+    instruction_id: str
+    node_id: str
+    count: int
+    started: int
+    round: int
+    created_at: float
+
+    @property
+    def unstarted(self) -> int:
+        return self.count - self.started
+
+    @classmethod
+    def from_json(cls, instruction_id: str, raw: str) -> StoredInstruction:
+        data = json.loads(raw)
+        return cls(
+            instruction_id,
+            data["node"],
+            int(data["count"]),
+            int(data["started"]),
+            int(data["round"]),
+            float(data["at"]),
+        )
+
+
+@dataclass(frozen=True)
+class StoredTree:
+    """A whole tree: header, nodes (parents before children), instructions, decision-time predictions."""
+
+    meta: TreeMeta
+    nodes: list[StoredNode]
+    instructions: dict[str, StoredInstruction] = field(default_factory=dict)
+    predictions: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EventOutcome:
+    """What happened to one event: 200 accepted, 208 duplicate, else an HTTP-style error class."""
+
+    code: int
+    message: str
+
+
+@dataclass(frozen=True)
+class AppliedBatch:
+    """The result of applying one tree's events.
+
+    ``decision_round`` > 0 hands the caller the claim (``token``) on that Stage 2 round; ``completed``
+    is true for exactly the one batch that completed the tree; ``fully_started`` lists the instructions
+    whose continuations have now all started (they leave the claim queue).
+    """
+
+    outcomes: list[EventOutcome]
+    job: str
+    status: str
+    decision_round: int
+    token: str
+    completed: bool
+    fully_started: list[str]
+    new_bare_leaves: int
+    new_continuation_leaves: int
+
+
+@dataclass(frozen=True)
+class PromptOutcomes:
+    """A prompt's bare-rollout history in a job: successes, trials, and how many of its latest groups in
+    a row were all-success or all-failure (GRESO's skipping signal)."""
+
+    successes: int = 0
+    trials: int = 0
+    zero_variance_streak: int = 0
+
+    @classmethod
+    def parse(cls, raw: str) -> PromptOutcomes:
+        successes, trials, streak = (int(part) for part in raw.split(","))
+        return cls(successes, trials, streak)

@@ -1,0 +1,165 @@
+-- Apply one tree's batch of finished turns atomically.
+-- KEYS: meta, nodes, events, instructions (all under the tree's hash tag)
+-- ARGV: events (JSON list of [event_id, node_id, parent_id, text, features, done, reward, instruction_id];
+--       "" stands for absent), now (seconds), ttl (seconds), success threshold, decision lease (seconds),
+--       a fresh token naming this caller's claim on a Stage 2 decision
+-- Returns JSON {results = [[code, message], ...], job, status, decision (round this caller must decide,
+--               or 0), token, completed (0/1), started = [instruction ids that became fully started],
+--               bare_leaves, cont_leaves (leaves this batch added)}
+-- Codes: 200 accepted, 208 duplicate, 404 unknown tree, 409 conflict, 410 tree finished, 422 invalid.
+local meta_key, nodes_key, events_key, instr_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local events = cjson.decode(ARGV[1])
+local now, ttl, threshold, lease = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local claim_token = ARGV[6]
+
+local results, started = {}, {}
+if redis.call('EXISTS', meta_key) == 0 then
+  for i = 1, #events do results[i] = {404, 'unknown tree'} end
+  return cjson.encode({results = results, job = '', status = '', decision = 0, token = '', completed = 0,
+                       started = started, bare_leaves = 0, cont_leaves = 0})
+end
+
+local m = {}
+local raw = redis.call('HGETALL', meta_key)
+for i = 1, #raw, 2 do m[raw[i]] = raw[i + 1] end
+local status = m.status
+local rollouts = tonumber(m.rollouts)
+local counters = {
+  bare_started = tonumber(m.bare_started), bare_leaves = tonumber(m.bare_leaves),
+  bare_successes = tonumber(m.bare_successes), cont_started = tonumber(m.cont_started),
+  cont_leaves = tonumber(m.cont_leaves), successes = tonumber(m.successes),
+}
+local node_cache, instr_cache = {}, {}
+
+local function load_node(id)
+  if node_cache[id] == nil then
+    local v = redis.call('HGET', nodes_key, id)
+    node_cache[id] = v and cjson.decode(v) or false
+  end
+  return node_cache[id]
+end
+
+local function load_instruction(id)
+  if instr_cache[id] == nil then
+    local v = redis.call('HGET', instr_key, id)
+    instr_cache[id] = v and cjson.decode(v) or false
+  end
+  return instr_cache[id]
+end
+
+for i = 1, #events do
+  local e = events[i]
+  local event_id, node_id, parent_id = e[1], e[2], e[3]
+  local text, features, done, reward, instruction_id = e[4], e[5], e[6] == 1, e[7], e[8]
+  local signature = parent_id .. '\31' .. tostring(done) .. '\31' .. reward .. '\31' .. instruction_id
+  local existing = load_node(node_id)
+  if redis.call('SISMEMBER', events_key, event_id) == 1 then
+    results[i] = {208, 'duplicate event'}
+  elseif existing then
+    if existing.sig == signature then
+      redis.call('SADD', events_key, event_id)
+      results[i] = {208, 'node ' .. node_id .. ' was already reported'}
+    else
+      results[i] = {409, 'node_id ' .. node_id .. ' was already reported with different content'}
+    end
+  elseif status == 'complete' or status == 'closed' then
+    results[i] = {410, 'tree is ' .. status .. ' and takes no more turns'}
+  else
+    local parent, instruction, origin, depth = false, false, '', 1
+    local code, message = 200, ''
+    if parent_id == '' then
+      if instruction_id ~= '' then
+        code, message = 422, 'a continuation starts from its instruction node, not from the prompt'
+      elseif counters.bare_started >= rollouts then
+        code, message = 409, 'all ' .. rollouts .. ' bare rollouts of this tree have already started'
+      end
+    else
+      parent = load_node(parent_id)
+      if not parent then
+        code, message = 409, 'unknown parent ' .. parent_id .. ' (report a parent before its child)'
+      elseif parent.done then
+        code, message = 422, 'parent ' .. parent_id .. ' ended its rollout and cannot have children'
+      elseif instruction_id ~= '' then
+        instruction = load_instruction(instruction_id)
+        if not instruction then
+          code, message = 422, 'unknown instruction ' .. instruction_id
+        elseif instruction.node ~= parent_id then
+          code, message = 422, 'instruction ' .. instruction_id .. ' starts from node ' .. instruction.node
+        elseif instruction.started >= instruction.count then
+          code, message = 409, 'all ' .. instruction.count .. ' continuations of instruction ' .. instruction_id .. ' have already started'
+        end
+      elseif parent.k > 0 then
+        code, message = 409, 'node ' .. parent_id .. ' already has a next turn; branching needs an instruction'
+      end
+    end
+    if code == 200 then
+      if parent then
+        depth = parent.d + 1
+        if instruction then
+          origin = instruction_id
+          instruction.started = instruction.started + 1
+          counters.cont_started = counters.cont_started + 1
+          if instruction.started == instruction.count then started[#started + 1] = instruction_id end
+          redis.call('HSET', instr_key, instruction_id, cjson.encode(instruction))
+        else
+          origin = parent.o
+          parent.k = parent.k + 1
+          redis.call('HSET', nodes_key, parent_id, cjson.encode(parent))
+        end
+      else
+        counters.bare_started = counters.bare_started + 1
+      end
+      local node = {p = parent_id, d = depth, o = origin, done = done, k = 0, sig = signature,
+                    t = text, f = features, i = instruction_id, r = reward, at = now}
+      if done then
+        local success = tonumber(reward) >= threshold
+        if success then counters.successes = counters.successes + 1 end
+        if origin == '' then
+          counters.bare_leaves = counters.bare_leaves + 1
+          if success then counters.bare_successes = counters.bare_successes + 1 end
+        else
+          counters.cont_leaves = counters.cont_leaves + 1
+        end
+      end
+      node_cache[node_id] = node
+      redis.call('HSET', nodes_key, node_id, cjson.encode(node))
+      redis.call('SADD', events_key, event_id)
+      results[i] = {200, ''}
+    else
+      results[i] = {code, message}
+    end
+  end
+end
+
+-- Life cycle: Stage 2 is due when every bare rollout is scored, a further round when every promised
+-- continuation is scored; one caller claims each decision under a lease (another takes it over if the
+-- lease lapses); with nothing left to decide the tree is complete.
+local decision, token, completed = 0, '', 0
+local pending = tonumber(m.decision_round)
+local promised = tonumber(m.promised)
+local round, rounds = tonumber(m.round), tonumber(m.rounds)
+local budget_left = tonumber(m.expansion_budget) - promised - tonumber(m.returned)
+local settled = counters.bare_leaves == rollouts and counters.cont_leaves == promised
+if status ~= 'complete' and status ~= 'closed' and settled then
+  if pending > 0 and tonumber(m.decision_until) > now then
+    -- another caller is deciding this round right now
+  elseif round < rounds and budget_left > 0 and counters.bare_leaves > 0 then
+    decision = pending > 0 and pending or round + 1
+    token = claim_token
+    redis.call('HSET', meta_key, 'decision_round', decision, 'decision_token', token,
+               'decision_until', now + lease, 'status', 'expanding')
+    status = 'expanding'
+  else
+    status, completed = 'complete', 1
+    redis.call('HSET', meta_key, 'status', status, 'finished_at', now)
+  end
+end
+redis.call('HSET', meta_key,
+  'bare_started', counters.bare_started, 'bare_leaves', counters.bare_leaves,
+  'bare_successes', counters.bare_successes, 'cont_started', counters.cont_started,
+  'cont_leaves', counters.cont_leaves, 'successes', counters.successes, 'updated_at', now)
+for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, ttl) end
+return cjson.encode({results = results, job = m.job, status = status, decision = decision, token = token,
+                     completed = completed, started = started,
+                     bare_leaves = counters.bare_leaves - tonumber(m.bare_leaves),
+                     cont_leaves = counters.cont_leaves - tonumber(m.cont_leaves)})

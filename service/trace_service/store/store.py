@@ -1,0 +1,361 @@
+"""The tree store: all tree state, on Redis (production) or on an in-process Redis (embedded default).
+
+Operations that must be atomic — inserting a node with its parent and idempotency checks, counting
+leaves, the budget and instruction bookkeeping, claims on Stage 2 decisions, leases — are Lua scripts
+(``scripts/``) over keys that share one hash tag, so they run unchanged on Redis Cluster.  The embedded
+store is the same code over ``fakeredis`` (with its Lua engine): one implementation, one contract.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.commands.core import AsyncScript
+
+from trace_proto import ExpandEvent
+from trace_service.store.keys import KeySpace
+from trace_service.store.records import (
+    AppliedBatch,
+    EventOutcome,
+    NewTree,
+    PromptOutcomes,
+    StoredInstruction,
+    StoredNode,
+    StoredTree,
+    TreeMeta,
+)
+
+RedisClient = Redis | RedisCluster
+_SCRIPTS = (
+    "apply_events",
+    "commit_decision",
+    "take_over_decision",
+    "close_tree",
+    "claim_instructions",
+    "record_outcome",
+)
+
+
+def _script_source(name: str) -> str:
+    return resources.files("trace_service.store").joinpath("scripts", f"{name}.lua").read_text()
+
+
+def _event_row(event: ExpandEvent) -> list[Any]:
+    """The compact form apply_events.lua reads; "" stands for an absent value."""
+    return [
+        event.event_id,
+        event.node_id,
+        event.parent_id or "",
+        event.text or "",
+        json.dumps(event.features) if event.features is not None else "",
+        1 if event.done else 0,
+        repr(event.reward) if event.reward is not None else "",
+        event.instruction_id or "",
+    ]
+
+
+class TreeStore:
+    """Async access to tree state.  Every key expires: trees ``tree_ttl`` after their last update,
+    job indexes and prompt histories ``job_ttl`` after theirs."""
+
+    def __init__(
+        self,
+        redis: RedisClient,
+        *,
+        prefix: str = "trace",
+        tree_ttl: int = 7 * 24 * 3600,
+        job_ttl: int = 30 * 24 * 3600,
+        idempotency_ttl: int = 24 * 3600,
+    ) -> None:
+        self.redis = redis
+        self.keys = KeySpace(prefix)
+        self.tree_ttl = tree_ttl
+        self.job_ttl = job_ttl
+        self.idempotency_ttl = idempotency_ttl
+        self._scripts: dict[str, AsyncScript] = {
+            name: redis.register_script(_script_source(name)) for name in _SCRIPTS
+        }
+
+    async def ping(self) -> bool:
+        return bool(await self.redis.ping())
+
+    async def aclose(self) -> None:
+        await self.redis.aclose()
+
+    async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        return await self._scripts[name](keys=list(keys), args=list(args))
+
+    # --- allocation ---------------------------------------------------------------------------------
+
+    async def create_trees(self, trees: Sequence[NewTree], now: float) -> None:
+        if not trees:
+            return
+        job, step = trees[0].job, trees[0].step
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for tree in trees:
+                meta = self.keys.tree(tree.tree_id).meta
+                pipe.hset(meta, mapping=tree.to_hash(now))  # type: ignore[arg-type]
+                pipe.expire(meta, self.tree_ttl)
+            step_key = self.keys.step_trees(job, step)
+            pipe.sadd(step_key, *[tree.tree_id for tree in trees])
+            pipe.expire(step_key, self.job_ttl)
+            pipe.zadd(self.keys.steps(job), {str(step): step})
+            pipe.expire(self.keys.steps(job), self.job_ttl)
+            pipe.zadd(self.keys.jobs, {job: now})
+            pipe.expire(self.keys.jobs, self.job_ttl)
+            await pipe.execute()
+
+    async def recall_response(self, job: str, key: str) -> str | None:
+        value = await self.redis.get(self.keys.idempotency(job, key))
+        return None if value is None else _text(value)
+
+    async def remember_response(self, job: str, key: str, body: str) -> str:
+        """Store a response under an idempotency key; if another request got there first, return its."""
+        redis_key = self.keys.idempotency(job, key)
+        if await self.redis.set(redis_key, body, nx=True, ex=self.idempotency_ttl):
+            return body
+        winner = await self.redis.get(redis_key)
+        return body if winner is None else _text(winner)
+
+    async def prompt_outcomes(self, job: str, prompt_ids: Sequence[str]) -> list[PromptOutcomes]:
+        """Each prompt's bare-rollout outcomes over earlier steps of the job."""
+        if not prompt_ids:
+            return []
+        raw = await self.redis.hmget(self.keys.prompt_outcomes(job), list(prompt_ids))
+        return [PromptOutcomes.parse(_text(value)) if value else PromptOutcomes() for value in raw]
+
+    async def record_prompt_outcome(self, job: str, prompt_id: str, successes: int, trials: int) -> None:
+        """Add one step's bare-rollout group to the prompt's history (atomic per job)."""
+        await self._run(
+            "record_outcome", [self.keys.prompt_outcomes(job)], [prompt_id, successes, trials, self.job_ttl]
+        )
+
+    async def record_step(self, job: str, step: int, prompts: int) -> None:
+        key = self.keys.steps_info(job)
+        await self.redis.hincrby(key, f"{step}:prompts", prompts)
+        await self.redis.expire(key, self.job_ttl)
+
+    async def step_prompts(self, job: str, step: int) -> int:
+        value = await self.redis.hget(self.keys.steps_info(job), f"{step}:prompts")
+        return int(value) if value else 0
+
+    # --- events and decisions -------------------------------------------------------------------
+
+    async def apply_events(
+        self,
+        tree_id: str,
+        events: Sequence[ExpandEvent],
+        *,
+        now: float,
+        success_threshold: float,
+        decision_lease: float,
+    ) -> AppliedBatch:
+        keys = self.keys.tree(tree_id)
+        raw = await self._run(
+            "apply_events",
+            [keys.meta, keys.nodes, keys.events, keys.instructions],
+            [
+                json.dumps([_event_row(event) for event in events]),
+                now,
+                self.tree_ttl,
+                success_threshold,
+                decision_lease,
+                uuid.uuid4().hex,
+            ],
+        )
+        result = json.loads(raw)
+        return AppliedBatch(
+            outcomes=[EventOutcome(int(code), str(message)) for code, message in result["results"]],
+            job=result["job"],
+            status=result["status"],
+            decision_round=int(result["decision"]),
+            token=result["token"],
+            completed=bool(result["completed"]),
+            # cjson writes an empty table as {}: no instruction became fully started.
+            fully_started=list(result["started"]) if isinstance(result["started"], list) else [],
+            new_bare_leaves=int(result["bare_leaves"]),
+            new_continuation_leaves=int(result["cont_leaves"]),
+        )
+
+    async def commit_decision(
+        self,
+        tree_id: str,
+        *,
+        round: int,
+        token: str,
+        instructions: Sequence[tuple[str, str, int]],
+        predictions: Mapping[str, float],
+        returned: int,
+        fallback: int,
+        now: float,
+    ) -> tuple[bool, bool]:
+        """Record a decision if the claim still holds.  Returns (recorded, tree completed by it)."""
+        keys = self.keys.tree(tree_id)
+        raw = await self._run(
+            "commit_decision",
+            [keys.meta, keys.instructions, keys.predictions],
+            [
+                round,
+                token,
+                json.dumps([list(item) for item in instructions]),
+                json.dumps(dict(predictions)) if predictions else "{}",
+                returned,
+                fallback,
+                now,
+                self.tree_ttl,
+            ],
+        )
+        result = json.loads(raw)
+        return bool(result["ok"]), bool(result["completed"])
+
+    async def take_over_decision(self, tree_id: str, *, now: float, lease: float) -> tuple[int, str]:
+        token = uuid.uuid4().hex
+        round_ = int(
+            await self._run("take_over_decision", [self.keys.tree(tree_id).meta], [now, lease, token])
+        )
+        return round_, token
+
+    async def track_decision(self, job: str, tree_id: str, until: float) -> None:
+        """Note a claimed Stage 2 decision, so that the sweeper finds it if its claim lapses."""
+        key = self.keys.decisions(job)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zadd(key, {tree_id: until})
+            pipe.expire(key, self.job_ttl)
+            await pipe.execute()
+
+    async def settle_decision(self, job: str, tree_id: str, queued: Mapping[str, float]) -> None:
+        """After a decision is recorded: forget its claim and queue its instructions (id -> free at)."""
+        queue = self.keys.instruction_queue(job)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zrem(self.keys.decisions(job), tree_id)
+            if queued:
+                pipe.zadd(queue, {f"{tree_id}|{instruction}": at for instruction, at in queued.items()})
+                pipe.expire(queue, self.job_ttl)
+            await pipe.execute()
+
+    async def untrack_decision(self, job: str, tree_id: str) -> None:
+        await self.redis.zrem(self.keys.decisions(job), tree_id)
+
+    async def lapsed_decisions(self, job: str, now: float, limit: int = 100) -> list[str]:
+        raw = await self.redis.zrangebyscore(self.keys.decisions(job), "-inf", now, start=0, num=limit)
+        return [_text(item) for item in raw]
+
+    async def close_tree(self, tree_id: str, now: float) -> str:
+        return _text(await self._run("close_tree", [self.keys.tree(tree_id).meta], [now, self.tree_ttl]))
+
+    # --- reading trees -----------------------------------------------------------------------------
+
+    async def load_metas(self, tree_ids: Sequence[str]) -> list[TreeMeta | None]:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for tree_id in tree_ids:
+                pipe.hgetall(self.keys.tree(tree_id).meta)
+            rows = await pipe.execute()
+        return [TreeMeta.from_hash(_decoded(row)) if row else None for row in rows]
+
+    async def load_tree(self, tree_id: str) -> StoredTree | None:
+        keys = self.keys.tree(tree_id)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(keys.meta)
+            pipe.hgetall(keys.nodes)
+            pipe.hgetall(keys.instructions)
+            pipe.hgetall(keys.predictions)
+            meta, nodes, instructions, predictions = await pipe.execute()
+        if not meta:
+            return None
+        parsed = [StoredNode.from_json(node_id, raw) for node_id, raw in _decoded(nodes).items()]
+        parsed.sort(key=lambda node: (node.depth, node.reported_at, node.node_id))
+        return StoredTree(
+            meta=TreeMeta.from_hash(_decoded(meta)),
+            nodes=parsed,
+            instructions={
+                key: StoredInstruction.from_json(key, raw) for key, raw in _decoded(instructions).items()
+            },
+            predictions={key: float(value) for key, value in _decoded(predictions).items()},
+        )
+
+    async def jobs(self) -> list[str]:
+        return [_text(job) for job in await self.redis.zrange(self.keys.jobs, 0, -1)]
+
+    async def steps(self, job: str, last: int) -> list[int]:
+        raw = await self.redis.zrange(self.keys.steps(job), -last, -1)
+        return [int(_text(step)) for step in raw]
+
+    async def step_tree_ids(self, job: str, step: int) -> list[str]:
+        return sorted(
+            _text(tree_id) for tree_id in await self.redis.smembers(self.keys.step_trees(job, step))
+        )
+
+    # --- instruction queue -------------------------------------------------------------------------
+
+    async def dequeue_instructions(self, job: str, entries: Sequence[tuple[str, str]]) -> None:
+        if entries:
+            await self.redis.zrem(self.keys.instruction_queue(job), *[f"{t}|{i}" for t, i in entries])
+
+    async def claim_instructions(
+        self, job: str, *, max_items: int, lease: float, now: float
+    ) -> list[tuple[str, str, float]]:
+        """Lease queued instructions: (tree_id, instruction_id, when the previous offer or lease ended)."""
+        raw = await self._run(
+            "claim_instructions", [self.keys.instruction_queue(job)], [now, lease, max_items, self.job_ttl]
+        )
+        claimed = []
+        for member, score in zip(raw[::2], raw[1::2], strict=True):
+            tree_id, instruction_id = _text(member).split("|", 1)
+            claimed.append((tree_id, instruction_id, float(score)))
+        return claimed
+
+    async def queue_length(self, job: str) -> int:
+        return int(await self.redis.zcard(self.keys.instruction_queue(job)))
+
+    # --- predictor -----------------------------------------------------------------------------------
+
+    async def push_completed(self, tree_id: str, cap: int = 100_000) -> None:
+        key = self.keys.completed_trees
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.lpush(key, tree_id)
+            pipe.ltrim(key, 0, cap - 1)
+            pipe.expire(key, self.job_ttl)
+            await pipe.execute()
+
+    async def pop_completed(self, count: int) -> list[str]:
+        raw = await self.redis.rpop(self.keys.completed_trees, count)
+        return [_text(item) for item in raw or []]
+
+    async def publish_weights(self, version: int, blob: bytes) -> None:
+        await self.redis.hset(self.keys.weights, mapping={"version": version, "blob": blob})
+        await self.redis.expire(self.keys.weights, self.job_ttl)
+
+    async def weights_version(self) -> int:
+        value = await self.redis.hget(self.keys.weights, "version")
+        return int(value) if value else 0
+
+    async def load_weights(self) -> tuple[int, bytes] | None:
+        version, blob = await self.redis.hmget(self.keys.weights, ["version", "blob"])
+        return (
+            (int(version), blob if isinstance(blob, bytes) else blob.encode()) if version and blob else None
+        )
+
+    async def hold_trainer_lease(self, owner: str, ttl: float) -> bool:
+        """Take or renew the single trainer's lease; true while this owner holds it."""
+        key = self.keys.trainer_lease
+        if await self.redis.set(key, owner, nx=True, px=int(ttl * 1000)):
+            return True
+        holder = await self.redis.get(key)
+        if holder is not None and _text(holder) == owner:
+            await self.redis.pexpire(key, int(ttl * 1000))
+            return True
+        return False
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _decoded(row: Mapping[Any, Any]) -> dict[str, str]:
+    return {_text(key): _text(value) for key, value in row.items()}

@@ -1,0 +1,77 @@
+"""The running service answers on the paths the manifests probe and scrape, with the labels the alerts use."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from support import LiveService, make_settings
+
+from trace_service.metrics import METRIC_NAMES
+
+
+@pytest.fixture(scope="module")
+def service() -> Iterator[LiveService]:
+    with LiveService(make_settings()) as live:
+        yield live
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def post(url: str, body: object) -> int:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            status: int = response.status
+            return status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def exposed_names(exposition: str) -> set[str]:
+    families = text_string_to_metric_families(exposition)
+    return {f"{family.name}_total" if family.type == "counter" else family.name for family in families}
+
+
+def test_probe_paths_answer(service: LiveService) -> None:
+    assert get(f"{service.url}/healthz")[0] == 200
+    assert get(f"{service.url}/readyz")[0] == 200
+
+
+def test_metrics_path_serves_every_metric(service: LiveService) -> None:
+    status, exposition = get(f"{service.url}/metrics")
+    assert status == 200
+    assert exposed_names(exposition) >= METRIC_NAMES
+
+
+def test_requests_are_labelled_by_route_template(service: LiveService) -> None:
+    """The latency alert selects route="/v1/expand"; the dashboard's job filter needs the job label."""
+    post(f"{service.url}/v1/expand", {"events": []})
+    allocation = {
+        "job": "ops-check",
+        "step": 0,
+        "budget": 4,
+        "prompts": [{"prompt_id": "p0"}, {"prompt_id": "p1"}],
+    }
+    assert post(f"{service.url}/v1/allocate", allocation) == 200
+    samples = [
+        sample
+        for family in text_string_to_metric_families(get(f"{service.url}/metrics")[1])
+        for sample in family.samples
+    ]
+    routes = {s.labels.get("route") for s in samples if s.name == "trace_http_requests_total"}
+    assert {"/v1/expand", "/v1/allocate"} <= routes
+    jobs = {s.labels.get("job") for s in samples if s.name == "trace_allocate_prompts_total"}
+    assert "ops-check" in jobs

@@ -1,0 +1,107 @@
+"""The metrics module: one registry per app, Prometheus naming conventions, exposition."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from ops_support import exported_metric_names
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from trace_service.metrics import METRIC_NAMES, Metrics
+
+# Identifiers with unbounded value sets would make one series per tree, prompt or worker.
+UNBOUNDED_LABELS = {"tree_id", "prompt_id", "node_id", "instruction_id", "event_id", "worker_id", "path"}
+
+
+def sample_values(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every exposed sample by name and sorted labels, read back from the text exposition format."""
+    exposition = generate_latest(registry).decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(exposition)
+        for sample in family.samples
+    }
+
+
+def test_two_apps_get_independent_metrics() -> None:
+    first, second = Metrics(CollectorRegistry()), Metrics(CollectorRegistry())
+    first.instructions_issued.labels("run-a").inc(3)
+
+    assert sample_values(first.registry)[("trace_instructions_issued_total", (("job", "run-a"),))] == 3
+    assert ("trace_instructions_issued_total", (("job", "run-a"),)) not in sample_values(second.registry)
+
+
+def test_one_registry_cannot_hold_two_sets() -> None:
+    registry = CollectorRegistry()
+    Metrics(registry)
+    with pytest.raises(ValueError, match="Duplicated timeseries"):
+        Metrics(registry)
+
+
+def test_metric_names_lists_exactly_the_registered_metrics() -> None:
+    assert exported_metric_names(Metrics(CollectorRegistry()).registry) == METRIC_NAMES
+
+
+def test_names_follow_prometheus_conventions() -> None:
+    registry = Metrics(CollectorRegistry()).registry
+    for family in registry.collect():
+        assert family.name.startswith("trace_"), family.name
+        assert family.documentation.endswith("."), f"{family.name} needs a help text"
+        if family.type == "counter":
+            # prometheus-client strips `_total` from a counter's family name and adds it to the sample.
+            assert not family.name.endswith("_total")
+        if family.type == "histogram":
+            assert family.name.endswith("_seconds"), f"{family.name}: durations in seconds"
+        assert not any(unit in family.name for unit in ("_milliseconds", "_ms", "_minutes")), family.name
+
+
+def test_no_label_has_an_unbounded_value_set() -> None:
+    metrics = Metrics(CollectorRegistry())
+    label_names = {
+        name: set(collector._labelnames)  # no public accessor for a collector's label names
+        for name, collector in vars(metrics).items()
+        if hasattr(collector, "_labelnames")
+    }
+    assert label_names["http_requests"] == {"route", "method", "status"}
+    for name, labels in label_names.items():
+        assert not labels & UNBOUNDED_LABELS, name
+
+
+def test_fixed_outcome_series_exist_before_the_first_event() -> None:
+    values = sample_values(Metrics(CollectorRegistry()).registry)
+    for outcome in ("accepted", "duplicate", "rejected"):
+        assert values[("trace_expand_events_total", (("outcome", outcome),))] == 0
+
+
+def test_predictor_figures_are_nan_until_defined() -> None:
+    metrics = Metrics(CollectorRegistry())
+    values = sample_values(metrics.registry)
+    assert values[("trace_predictor_version", ())] == 0
+    assert math.isnan(values[("trace_predictor_brier_score", ())])
+
+    metrics.observe_predictor(version=4, brier=0.18, ece=None, spearman=0.42)
+    values = sample_values(metrics.registry)
+    assert values[("trace_predictor_version", ())] == 4
+    assert values[("trace_predictor_brier_score", ())] == pytest.approx(0.18)
+    assert math.isnan(values[("trace_predictor_calibration_error", ())])
+    assert values[("trace_predictor_spearman", ())] == pytest.approx(0.42)
+
+
+def test_histograms_count_observations_in_seconds() -> None:
+    metrics = Metrics(CollectorRegistry())
+    metrics.expand_duration.observe(0.003)
+    metrics.http_duration.labels("/v1/expand", "POST").observe(0.004)
+    values = sample_values(metrics.registry)
+    assert values[("trace_expand_batch_duration_seconds_bucket", (("le", "0.0025"),))] == 0
+    assert values[("trace_expand_batch_duration_seconds_bucket", (("le", "0.005"),))] == 1
+    assert values[("trace_expand_batch_duration_seconds_sum", ())] == pytest.approx(0.003)
+    route = (("method", "POST"), ("route", "/v1/expand"))
+    assert values[("trace_http_request_duration_seconds_count", route)] == 1
+
+
+def test_counters_refuse_negative_increments() -> None:
+    metrics = Metrics(CollectorRegistry())
+    with pytest.raises(ValueError, match="non-negative"):
+        metrics.budget_spent.labels("run-a", "bare").inc(-1)

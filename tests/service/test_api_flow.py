@@ -1,0 +1,146 @@
+"""The v1 flow over real HTTP, on the embedded store and on a real redis-server."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import httpx2
+import pytest
+from support import LiveService
+
+from trace_client import TraceClient
+from trace_proto import AllocateRequest, ExpandEvent, ExpandResponse, Instruction, PromptIn
+
+_ids = itertools.count()
+
+
+def turn(
+    tree_id: str,
+    parent: str | None,
+    *,
+    done: bool = False,
+    reward: float | None = None,
+    instruction: str | None = None,
+) -> ExpandEvent:
+    n = next(_ids)
+    return ExpandEvent(
+        event_id=f"e{n}",
+        tree_id=tree_id,
+        node_id=f"n{n}",
+        parent_id=parent,
+        text=f"turn {n}",
+        done=done,
+        reward=reward,
+        instruction_id=instruction,
+    )
+
+
+def rollout(
+    tree_id: str, start: str | None, turns: int, reward: float, instruction: str | None = None
+) -> list[ExpandEvent]:
+    """A chain of turns from ``start``; the last one scored."""
+    events = []
+    parent = start
+    for t in range(turns):
+        last = t == turns - 1
+        event = turn(
+            tree_id,
+            parent,
+            done=last,
+            reward=reward if last else None,
+            instruction=instruction if t == 0 else None,
+        )
+        events.append(event)
+        parent = event.node_id
+    return events
+
+
+def run_continuations(client: TraceClient, instructions: list[Instruction], reward: float) -> ExpandResponse:
+    events = [
+        event
+        for instruction in instructions
+        for _ in range(instruction.count)
+        for event in rollout(instruction.tree_id, instruction.node_id, 2, reward, instruction.instruction_id)
+    ]
+    return client.expand(events)
+
+
+def test_allocate_expand_complete_export(service: LiveService) -> None:
+    with TraceClient(service.url) as client:
+        allocation = client.allocate(
+            AllocateRequest(
+                step=0,
+                budget=8,
+                expansion=1.0,
+                prompts=[PromptIn(prompt_id="p1", text="prove it"), PromptIn(prompt_id="p2")],
+            )
+        )
+        assert sum(t.rollouts for t in allocation.trees) == 8
+        tree = allocation.trees[0]
+        bare = [e for j in range(tree.rollouts) for e in rollout(tree.tree_id, None, 3, float(j % 2))]
+        random.Random(0).shuffle(bare)  # children may come before parents within one request
+        response = client.expand(bare)
+        assert response.accepted == len(bare)
+        assert not response.rejected
+        assert sum(i.count for i in response.instructions) == tree.expansion_budget
+        done = run_continuations(client, response.instructions, 1.0)
+        assert done.completed == [tree.tree_id]
+        exported = client.get_tree(tree.tree_id)
+        assert exported.status == "complete"
+        assert exported.mixed
+        leaves = [n for n in exported.nodes if n.reward is not None]
+        assert len(leaves) == tree.rollouts + tree.expansion_budget
+        assert exported.value == pytest.approx(sum(n.reward >= 0.5 for n in leaves) / len(leaves))  # type: ignore[operator]
+        stats = client.job_stats("default")
+        assert stats.steps[0].trees_complete == 1
+        assert stats.steps[0].continuations_spent == tree.expansion_budget
+
+
+def test_duplicates_are_acknowledged_and_conflicts_reported(service: LiveService) -> None:
+    with TraceClient(service.url) as client:
+        allocation = client.allocate(AllocateRequest(step=0, budget=2, prompts=[PromptIn(prompt_id="p")]))
+        tree_id = allocation.trees[0].tree_id
+        first = rollout(tree_id, None, 2, 1.0)
+        assert client.expand(first).accepted == 2
+        again = client.expand(first)
+        assert (again.accepted, again.duplicates) == (0, 2)
+        orphan = turn(tree_id, "never-reported")
+        clash = first[0].model_copy(
+            update={"event_id": "other", "text": "x", "parent_id": None, "done": True, "reward": 0.0}
+        )
+        unknown = turn("no-such-tree", None)
+        response = client.expand([orphan, clash, unknown])
+        codes = {r.event_id: r.status for r in response.rejected}
+        assert codes == {orphan.event_id: 409, "other": 409, unknown.event_id: 404}
+
+
+def test_budget_is_never_exceeded(service: LiveService) -> None:
+    with TraceClient(service.url) as client:
+        allocation = client.allocate(AllocateRequest(step=0, budget=3, prompts=[PromptIn(prompt_id="p")]))
+        tree_id = allocation.trees[0].tree_id
+        starts = [turn(tree_id, None) for _ in range(10)]
+        response = client.expand(starts)
+        assert response.accepted == 3
+        assert sum(r.status == 409 for r in response.rejected) == 7
+        # A second branch from a node without an instruction would be an unbudgeted rollout.
+        branch = turn(tree_id, starts[0].node_id)
+        extra = turn(tree_id, starts[0].node_id)
+        response = client.expand([branch, extra])
+        assert response.accepted == 1
+        assert response.rejected[0].status == 409
+
+
+def test_a_bad_event_does_not_stop_the_others(service: LiveService) -> None:
+    with TraceClient(service.url) as client:
+        allocation = client.allocate(AllocateRequest(step=0, budget=2, prompts=[PromptIn(prompt_id="p")]))
+        tree_id = allocation.trees[0].tree_id
+        good = turn(tree_id, None)
+        no_reward = {"event_id": "bad", "tree_id": tree_id, "node_id": "x", "done": True}
+        raw = httpx2.post(
+            f"{service.url}/v1/expand", json={"events": [good.model_dump(mode="json"), no_reward, 7]}
+        )
+        answer = raw.json()
+        assert raw.status_code == 200
+        assert answer["accepted"] == 1
+        assert {r["event_id"]: r["status"] for r in answer["rejected"]} == {"bad": 422, "events[2]": 422}

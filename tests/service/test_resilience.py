@@ -1,0 +1,175 @@
+"""Concurrency, leases, lapsed decisions, restarts of the service and of Redis."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx2
+import pytest
+from support import LiveService, RedisServer, make_settings
+from test_api_flow import rollout, turn
+
+from trace_client import AsyncTraceClient, TraceClient
+from trace_proto import AllocateRequest, PromptIn
+from trace_service.app import create_app
+
+
+def one_prompt(client: TraceClient, budget: int = 4, expansion: float = 1.0) -> tuple[str, int, int]:
+    allocation = client.allocate(
+        AllocateRequest(
+            step=0, budget=budget, expansion=expansion, prompts=[PromptIn(prompt_id="p", text="t")]
+        )
+    )
+    tree = allocation.trees[0]
+    return tree.tree_id, tree.rollouts, tree.expansion_budget
+
+
+async def test_concurrent_clients_never_overspend(service: LiveService) -> None:
+    with TraceClient(service.url) as client:
+        tree_id, rollouts, expansion = one_prompt(client)
+    clients = [AsyncTraceClient(service.url) for _ in range(12)]
+    try:
+        # Twelve workers race to start bare rollouts of a tree that was promised four.
+        starts = [turn(tree_id, None) for _ in clients]
+        answers = await asyncio.gather(*(c.expand([e]) for c, e in zip(clients, starts, strict=True)))
+        assert sum(a.accepted for a in answers) == rollouts
+        started = [e for e, a in zip(starts, answers, strict=True) if a.accepted]
+        # The winners finish at the same moment: Stage 2 is decided exactly once, within its budget.
+        finishes = await asyncio.gather(
+            *(
+                clients[i].expand([turn(tree_id, e.node_id, done=True, reward=float(i % 2))])
+                for i, e in enumerate(started)
+            )
+        )
+        issued = [i for f in finishes for i in f.instructions]
+        assert sum(i.count for i in issued) == expansion
+    finally:
+        for c in clients:
+            await c.aclose()
+
+
+async def test_continuations_are_capped_by_their_instruction(service: LiveService) -> None:
+    with TraceClient(service.url) as client:
+        tree_id, rollouts, _ = one_prompt(client, budget=2, expansion=2.0)
+        response = client.expand([e for j in range(rollouts) for e in rollout(tree_id, None, 2, float(j))])
+        instructions = response.instructions
+        assert sum(i.count for i in instructions) == 4
+    target = instructions[0]
+    clients = [AsyncTraceClient(service.url) for _ in range(8)]
+    try:
+        results = await asyncio.gather(
+            *(c.expand([turn(tree_id, target.node_id, instruction=target.instruction_id)]) for c in clients)
+        )
+        assert sum(r.accepted for r in results) == target.count
+        assert sum(len(r.rejected) for r in results) == len(clients) - target.count
+    finally:
+        for c in clients:
+            await c.aclose()
+
+
+def test_an_unstarted_instruction_is_offered_again_after_its_lease(service: LiveService) -> None:
+    engine = service.app.state.engine
+    now = [engine.clock()]
+    engine.clock = lambda: now[0]
+    with TraceClient(service.url) as client:
+        tree_id, rollouts, _ = one_prompt(client, budget=2, expansion=1.0)
+        issued = client.expand(
+            [e for j in range(rollouts) for e in rollout(tree_id, None, 2, float(j))]
+        ).instructions
+        assert issued
+        assert client.claim_instructions("default").instructions == []  # leased to the reporting worker
+        now[0] += service.settings.lease_seconds + 1
+        offered = client.claim_instructions("default").instructions
+        assert {i.instruction_id for i in offered} == {i.instruction_id for i in issued}
+        assert client.claim_instructions("default").instructions == []  # leased again, to us
+        # Starting every continuation takes the instruction off the queue for good.
+        client.expand(
+            [turn(tree_id, i.node_id, instruction=i.instruction_id) for i in issued for _ in range(i.count)]
+        )
+        now[0] += service.settings.lease_seconds + 1
+        assert client.claim_instructions("default").instructions == []
+
+
+async def test_a_lapsed_stage2_decision_is_taken_over(store_url: str) -> None:
+    # The app runs in this test's event loop; its own sweeper is slowed so that the test drives it.
+    app = create_app(make_settings(store_url, sweep_interval_seconds=3600))
+    async with app.router.lifespan_context(app):
+        engine = app.state.engine
+        allocation = await engine.allocate(
+            AllocateRequest(step=0, budget=2, expansion=1.0, prompts=[PromptIn(prompt_id="p")]), None
+        )
+        tree_id = allocation.trees[0].tree_id
+        # A replica records the last leaves and dies before deciding Stage 2: its claim just lapses.
+        events = [e for j in range(2) for e in rollout(tree_id, None, 2, float(j))]
+        batch = await engine.store.apply_events(
+            tree_id, events, now=engine.clock(), success_threshold=0.5, decision_lease=0.05
+        )
+        assert batch.decision_round == 1
+        await engine.store.track_decision("default", tree_id, engine.clock() + 0.05)
+        assert await engine.sweep() == 0  # still claimed
+        await asyncio.sleep(0.1)
+        assert await engine.sweep() == 1
+        offered = (await engine.claim_instructions("default", 10)).instructions
+        assert sum(i.count for i in offered) == allocation.trees[0].expansion_budget
+        assert await engine.sweep() == 0  # decided once
+
+
+def test_nothing_is_lost_across_a_service_restart(redis_server: RedisServer) -> None:
+    settings = make_settings(redis_server.url)
+    with LiveService(settings) as first, TraceClient(first.url) as client:
+        tree_id, rollouts, _ = one_prompt(client, budget=2, expansion=1.0)
+        half = rollout(tree_id, None, 2, 1.0)
+        client.expand(half)
+    with LiveService(settings) as second, TraceClient(second.url) as client:
+        rest = rollout(tree_id, None, 2, 0.0)
+        response = client.expand([*half, *rest])
+        assert response.duplicates == len(half)
+        assert response.accepted == len(rest)
+        for instruction in response.instructions:
+            client.expand(
+                [
+                    e
+                    for _ in range(instruction.count)
+                    for e in rollout(tree_id, instruction.node_id, 1, 1.0, instruction.instruction_id)
+                ]
+            )
+        tree = client.get_tree(tree_id)
+        assert tree.status == "complete"
+        assert sum(n.reward is not None for n in tree.nodes) == rollouts + tree.expansion_budget
+
+
+def test_redis_down_gives_clear_errors_and_recovers(redis_server: RedisServer) -> None:
+    with LiveService(make_settings(redis_server.url)) as live, TraceClient(live.url, max_retries=0) as client:
+        tree_id, _, _ = one_prompt(client, budget=2)
+        first = rollout(tree_id, None, 2, 1.0)
+        client.expand(first)
+        redis_server.stop()
+        try:
+            answer = httpx2.post(f"{live.url}/v1/expand", json={"events": [turn(tree_id, None).model_dump()]})
+            assert answer.status_code == 503
+            assert answer.headers["retry-after"]
+            assert "unavailable" in answer.json()["detail"]
+            assert httpx2.get(f"{live.url}/readyz").status_code == 503
+            assert httpx2.get(f"{live.url}/healthz").status_code == 200
+        finally:
+            redis_server.start()
+        response = client.expand([*first, *rollout(tree_id, None, 2, 0.0)])
+        assert (response.duplicates, response.accepted) == (2, 2)  # what was recorded survived
+        assert httpx2.get(f"{live.url}/readyz").status_code == 200
+
+
+@pytest.mark.parametrize("store_url", ["embedded"], indirect=True)
+def test_auth_body_limit_and_request_ids(store_url: str) -> None:
+    settings = make_settings(store_url, auth_tokens="s3cret,other", max_body_bytes=2048)
+    with LiveService(settings) as live:
+        denied = httpx2.get(f"{live.url}/v1/predictor", headers={"X-Request-ID": "abc-1"})
+        assert denied.status_code == 401
+        assert denied.json()["request_id"] == "abc-1"
+        assert denied.headers["x-request-id"] == "abc-1"
+        assert httpx2.get(f"{live.url}/healthz").status_code == 200  # health stays open
+        with TraceClient(live.url, token="other") as client:
+            assert client.predictor_info().version == 0
+        big = {"step": 0, "budget": 1, "prompts": [{"prompt_id": "p", "text": "x" * 4096}]}
+        too_big = httpx2.post(f"{live.url}/v1/allocate", json=big, headers={"Authorization": "Bearer s3cret"})
+        assert too_big.status_code == 413
+        assert too_big.headers["content-type"].startswith("application/problem+json")
