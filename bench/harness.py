@@ -65,6 +65,20 @@ class Query:
 Estimator = Callable[[Sequence[Query]], FloatArray]
 
 
+@dataclass(frozen=True)
+class FinishedTree:
+    """One prompt's tree at the end of a step, for estimators that learn (those with an ``observe``):
+    node states (each carries its history), parents as local indices (-1: the prompt), leaf rewards
+    (NaN elsewhere) and the prompt's outcomes from before this step."""
+
+    prompt: Prompt
+    states: list[RolloutState]
+    parent: list[int]
+    reward: list[float]
+    successes: int
+    trials: int
+
+
 def posterior_estimator(queries: Sequence[Query]) -> FloatArray:
     """MoPPS-style: the Beta(1, 1) posterior mean of the prompt's own outcomes, (1 + s) / (2 + n).
 
@@ -118,8 +132,11 @@ class Strategy:
     filters_groups: bool = False
 
 
-def default_strategies(estimator: Estimator = posterior_estimator) -> list[Strategy]:
-    """The benchmark's line-up; `estimator` is TRACE's (and PCL's) Ṽ, the oracle always reads the truth.
+def default_strategies(
+    make_estimator: Callable[[], Estimator] = lambda: posterior_estimator,
+) -> list[Strategy]:
+    """The benchmark's line-up; `make_estimator()` gives TRACE's (and PCL's) Ṽ — a fresh one per strategy,
+    so that a learning estimator learns only from its own strategy's trees; the oracle reads the truth.
 
     TRACE root-only pairs Stage 1 with random branching, TRACE prefix-only pairs uniform roots with
     Stage 2, so each ablation spends the same budget as full TRACE.
@@ -128,12 +145,12 @@ def default_strategies(estimator: Estimator = posterior_estimator) -> list[Strat
         Strategy("uniform", Roots.uniform),
         Strategy("dapo", Roots.uniform, filters_groups=True),
         Strategy("greso", Roots.greso),
-        Strategy("pcl", Roots.pcl, estimator=estimator),
+        Strategy("pcl", Roots.pcl, estimator=make_estimator()),
         Strategy("knapsack", Roots.knapsack),
         Strategy("treepo", Roots.uniform, Branching.random),
-        Strategy("trace_root", Roots.trace, Branching.random, estimator),
-        Strategy("trace_prefix", Roots.uniform, Branching.trace, estimator),
-        Strategy("trace", Roots.trace, Branching.trace, estimator),
+        Strategy("trace_root", Roots.trace, Branching.random, make_estimator()),
+        Strategy("trace_prefix", Roots.uniform, Branching.trace, make_estimator()),
+        Strategy("trace", Roots.trace, Branching.trace, make_estimator()),
         Strategy("oracle", Roots.trace, Branching.trace, oracle_estimator),
     ]
 
@@ -242,6 +259,28 @@ class _Forest:
             self.bare_trials[tree] += 1
             self.bare_successes[tree] += int(trajectory[-1].reward == 1.0)
 
+    def finished_trees(self, history: dict[str, PromptRecord]) -> list[FinishedTree]:
+        """Each started tree with local parent indices (before `history` takes this step's outcomes)."""
+        trees = []
+        tree_of = np.asarray(self.tree_of, dtype=np.int64)
+        for tree, prompt in enumerate(self.prompts):
+            nodes = np.flatnonzero(tree_of == tree).tolist()
+            if not nodes:
+                continue
+            local = {node: i for i, node in enumerate(nodes)}
+            record = history.get(prompt.prompt_id, PromptRecord())
+            trees.append(
+                FinishedTree(
+                    prompt=prompt,
+                    states=[self.states[node] for node in nodes],
+                    parent=[local.get(self.parent[node], ROOT) for node in nodes],
+                    reward=[self.reward[node] for node in nodes],
+                    successes=record.successes,
+                    trials=record.trials,
+                )
+            )
+        return trees
+
     def candidates(self) -> list[PrefixCandidates]:
         """Each tree's branching candidates (global node indices), in node order."""
         found = prefix_candidates(tree_targets(self.parent, self.reward))
@@ -324,6 +363,9 @@ def run_step(
     kept = (
         int(dapo_keep(successes[started], visits[started]).sum()) if strategy.filters_groups else ratio.active
     )
+    observe = getattr(strategy.estimator, "observe", None)
+    if observe is not None:
+        observe(forest.finished_trees(history))
     for tree in np.flatnonzero(started).tolist():
         prompt_id = forest.prompts[tree].prompt_id
         record = history.setdefault(prompt_id, PromptRecord())

@@ -14,6 +14,7 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness import (
     BudgetUnit,
+    Estimator,
     StepConfig,
     StepResult,
     Strategy,
@@ -29,9 +31,13 @@ from bench.harness import (
     posterior_estimator,
     run_strategy,
 )
+from bench.learned import LearnedEstimator
 from trace_client.sim import SimConfig
 
-ESTIMATORS = {"posterior": posterior_estimator}
+ESTIMATORS: dict[str, Callable[[], Estimator]] = {
+    "posterior": lambda: posterior_estimator,
+    "learned": LearnedEstimator,
+}
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "quality.png"
 
 
@@ -80,6 +86,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def select_strategies(args: argparse.Namespace) -> list[Strategy]:
+    """The strategies to run, each with a fresh estimator (call once per seed)."""
     strategies = default_strategies(ESTIMATORS[args.estimator])
     if args.strategies is None:
         return strategies
@@ -195,11 +202,10 @@ def main(argv: list[str] | None = None) -> None:
         max_prompts=args.max_prompts,
         rounds=args.rounds,
     ).counted_in(BudgetUnit(args.budget_unit), sim_config)
-    strategies = select_strategies(args)
-    results: dict[str, list[list[StepResult]]] = {strategy.name: [] for strategy in strategies}
+    results: dict[str, list[list[StepResult]]] = {strategy.name: [] for strategy in select_strategies(args)}
     started = time.perf_counter()
     for seed in range(args.seeds):
-        for strategy in strategies:
+        for strategy in select_strategies(args):
             began = time.perf_counter()
             per_step = run_strategy(
                 sim_config,

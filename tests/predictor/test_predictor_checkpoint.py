@@ -109,6 +109,16 @@ def test_checkpoint_of_another_architecture_is_rejected(synthetic_task: Syntheti
     assert other.version == 0
 
 
+def test_checkpoint_of_another_token_hashing_is_rejected() -> None:
+    predictor = SuccessPredictor(tiny_config())
+    header, state = decode_checkpoint(predictor.to_bytes())
+    header["predictor_version"] = 4
+    header["token_hashing"] = "an-older-scheme"  # same shapes, but every bucket would mean other words
+    with pytest.raises(CheckpointError, match="token hashing"):
+        predictor.update_from_bytes(encode_checkpoint(header, state))
+    assert predictor.version == 0
+
+
 def test_weights_that_do_not_fit_are_rejected() -> None:
     predictor = SuccessPredictor(tiny_config())
     header, state = decode_checkpoint(predictor.to_bytes())

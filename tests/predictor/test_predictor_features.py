@@ -15,33 +15,41 @@ from hypothesis import strategies as st
 
 from trace_service.predictor import EncodedHistory, FeaturizerConfig, HistoryFeaturizer, OutcomeCounts, Turn
 from trace_service.predictor import features as features_module
-from trace_service.predictor.features import bucket_of
+from trace_service.predictor.features import word_hash
 
 SAMPLE_TEXT = "Ünïcode words, numbers 42 and_underscores; repeated repeated words."
 
 
-def reference_tokens(text: str) -> list[str]:
-    """Unigrams and bigrams in text order, written independently of the featurizer."""
+def reference_ids(text: str, num_buckets: int) -> list[int]:
+    """Unigram and bigram buckets in text order, written independently of the featurizer with Python
+    integers: h(w) = BLAKE2b-64(w), h(a, b) = m xor (m >> 29) with m = h(a)·K1 + h(b)·K2 mod 2^64."""
+    k1, k2, mask = 0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, (1 << 64) - 1
     words = [word.lower() for word in re.findall(r"\w+", text)]
-    tokens: list[str] = []
-    for index, word in enumerate(words):
+    hashes = [
+        int.from_bytes(hashlib.blake2b(w.encode("utf-8"), digest_size=8).digest(), "little") for w in words
+    ]
+    ids: list[int] = []
+    for index, hashed in enumerate(hashes):
         if index:
-            tokens.append(words[index - 1] + "\x1f" + word)
-        tokens.append(word)
-    return tokens
-
-
-def reference_bucket(token: str, num_buckets: int) -> int:
-    digest = hashlib.blake2b(token.encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "little") % num_buckets
+            mixed = (hashes[index - 1] * k1 + hashed * k2) & mask
+            ids.append((mixed ^ (mixed >> 29)) % num_buckets)
+        ids.append(hashed % num_buckets)
+    return ids
 
 
 def test_token_ids_are_blake2b_buckets_of_unigrams_and_bigrams() -> None:
     featurizer = HistoryFeaturizer(FeaturizerConfig(num_buckets=997))
     ids, count = featurizer.token_ids(SAMPLE_TEXT)
-    expected = [reference_bucket(token, 997) for token in reference_tokens(SAMPLE_TEXT)]
+    expected = reference_ids(SAMPLE_TEXT, 997)
     assert ids.tolist() == expected
     assert count == len(expected)
+
+
+def test_bigrams_depend_on_word_order() -> None:
+    featurizer = HistoryFeaturizer(FeaturizerConfig(num_buckets=1 << 20))
+    forward, _ = featurizer.token_ids("alpha beta")
+    backward, _ = featurizer.token_ids("beta alpha")
+    assert forward[1] != backward[1]
 
 
 def test_hashing_is_stable_across_processes_with_different_hash_seeds() -> None:
@@ -135,7 +143,7 @@ def test_long_text_keeps_head_and_tail_tokens() -> None:
     featurizer = HistoryFeaturizer(FeaturizerConfig(num_buckets=1 << 20, max_tokens_per_text=10))
     words = [f"w{index}" for index in range(100)]
     ids, count = featurizer.token_ids(" ".join(words))
-    full = [reference_bucket(token, 1 << 20) for token in reference_tokens(" ".join(words))]
+    full = reference_ids(" ".join(words), 1 << 20)
     assert count == len(full) == 199
     assert ids.tolist() == full[:5] + full[-5:]
 
@@ -156,9 +164,10 @@ def test_any_text_yields_ids_within_bucket_range(text: str, max_tokens: int) -> 
     assert np.all((ids >= 0) & (ids < 97))
 
 
-def test_bucket_of_matches_reference_for_many_tokens() -> None:
-    for token in ["a", "b\x1fc", "日本語", "x" * 300]:
-        assert bucket_of(token, 12345) == reference_bucket(token, 12345)
+def test_word_hash_is_blake2b() -> None:
+    for word in ["a", "日本語", "x" * 300]:
+        digest = hashlib.blake2b(word.encode("utf-8"), digest_size=8).digest()
+        assert word_hash(word) == int.from_bytes(digest, "little")
 
 
 @pytest.mark.parametrize(

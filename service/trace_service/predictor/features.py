@@ -23,7 +23,6 @@ action). Empty text is allowed: it carries no tokens.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import math
 import re
 from collections.abc import Sequence
@@ -37,8 +36,6 @@ TokenIds = npt.NDArray[np.int64]
 FloatVector = npt.NDArray[np.float32]
 
 _WORD = re.compile(r"\w+")
-# Joins the two words of a bigram; a control character cannot occur inside a \w+ word.
-_BIGRAM_SEPARATOR = "\x1f"
 # Structural features appended to the dense part of every query, in this order.
 STRUCTURAL_FEATURE_NAMES: tuple[str, ...] = (
     "log1p_depth",
@@ -50,12 +47,31 @@ STRUCTURAL_FEATURE_NAMES: tuple[str, ...] = (
 
 
 # Cached: frequent words recur constantly, and a hit costs a fraction of hashing (about 1 µs).
-@lru_cache(maxsize=1 << 16)
-def bucket_of(token: str, num_buckets: int) -> int:
-    """Stable bucket of one n-gram token: the first 8 bytes of BLAKE2b(token, UTF-8), little-endian, mod
-    ``num_buckets``. Identical in every process, platform and Python version."""
-    digest = hashlib.blake2b(token.encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "little") % num_buckets
+@lru_cache(maxsize=1 << 18)
+def word_hash(word: str) -> int:
+    """Stable 64-bit hash of one word: the first 8 bytes of BLAKE2b(word, UTF-8), little-endian.
+    Identical in every process, platform and Python version (never Python's salted ``hash``)."""
+    return int.from_bytes(hashlib.blake2b(word.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+#: Names the token-to-bucket mapping; checkpoints record it, since embeddings are only valid under it.
+TOKEN_HASHING = "blake2b64-words/mix29-bigrams"
+
+# Odd 64-bit constants of the bigram mix (golden-ratio and MurmurHash3 finaliser multipliers).
+_MIX_FIRST = np.uint64(0x9E3779B97F4A7C15)
+_MIX_SECOND = np.uint64(0xC2B2AE3D27D4EB4F)
+
+
+def bigram_hashes(first: npt.NDArray[np.uint64], second: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """Stable, order-sensitive 64-bit hashes of word pairs from their word hashes (arithmetic mod 2^64):
+
+        m = h(a)·K1 + h(b)·K2,   h(a, b) = m xor (m >> 29)
+
+    Computed on whole arrays: hashing each bigram string on its own cost most of /v1/allocate.
+    """
+    mixed = first * _MIX_FIRST + second * _MIX_SECOND
+    result: npt.NDArray[np.uint64] = mixed ^ (mixed >> np.uint64(29))
+    return result
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,18 +183,17 @@ class HistoryFeaturizer:
             half = max_chars // 2
             text = text[:half] + " " + text[-half:]
         words = _WORD.findall(text.lower())
+        unigrams = np.fromiter(map(word_hash, words), dtype=np.uint64, count=len(words))
         # In text order (w0, w0+w1, w1, w1+w2, ...), so truncation keeps the head and tail of the text.
-        tokens = words[:1]
-        for previous, word in itertools.pairwise(words):
-            tokens.append(previous + _BIGRAM_SEPARATOR + word)
-            tokens.append(word)
-        token_count = len(tokens)
+        hashes = np.empty(max(2 * len(words) - 1, 0), dtype=np.uint64)
+        hashes[0::2] = unigrams
+        hashes[1::2] = bigram_hashes(unigrams[:-1], unigrams[1:])
+        token_count = hashes.size
         max_tokens = self.config.max_tokens_per_text
         if token_count > max_tokens:
             half = max_tokens // 2
-            tokens = tokens[:half] + tokens[-half:]
-        num_buckets = self.config.num_buckets
-        ids = np.fromiter((bucket_of(token, num_buckets) for token in tokens), dtype=np.int64)
+            hashes = np.concatenate([hashes[:half], hashes[-half:]])
+        ids = (hashes % np.uint64(self.config.num_buckets)).astype(np.int64)
         ids.flags.writeable = False
         return ids, token_count
 

@@ -53,6 +53,7 @@ from trace_service.predictor.diagnostics import (
     spearman_by_group,
 )
 from trace_service.predictor.features import (
+    TOKEN_HASHING,
     EncodedHistory,
     FeaturizerConfig,
     HistoryFeaturizer,
@@ -450,6 +451,7 @@ class SuccessPredictor:
                     "predictor_version": published.version,
                     "examples_seen": self._examples_seen,
                     "architecture": self.config.architecture(),
+                    "token_hashing": TOKEN_HASHING,
                     "moments": self._moments.to_json(),
                 }
             return encode_checkpoint(header, model.state_dict())
@@ -498,6 +500,11 @@ class SuccessPredictor:
     def _install(
         self, header: dict[str, Any], state: dict[str, torch.Tensor], *, only_if_newer: bool
     ) -> bool:
+        if header.get("token_hashing") != TOKEN_HASHING:
+            raise CheckpointError(
+                f"checkpoint token hashing {header.get('token_hashing')!r} is not this featurizer's "
+                f"{TOKEN_HASHING!r}: its embeddings would read other words"
+            )
         if header.get("architecture") != self.config.architecture():
             raise CheckpointError(
                 f"checkpoint architecture {header.get('architecture')} does not match this predictor's "
