@@ -27,38 +27,27 @@ class NewTree:
     prior_outcomes: tuple[int, int]  # the prompt's (successes, trials) before this step
 
     def to_hash(self, now: float) -> dict[str, str | int | float]:
-        return {
-            "tree_id": self.tree_id,
+        """What a new tree stores: its immutable spec as one JSON field and the few fields the Lua scripts
+        read.  Counters start absent (read as 0), which keeps creating thousands of trees cheap."""
+        spec = {
             "allocation_id": self.allocation_id,
-            "job": self.job,
             "step": self.step,
             "prompt_id": self.prompt_id,
-            "prompt": json.dumps(
-                {"text": self.prompt_text, "features": self.prompt_features, "prior": self.prior_outcomes}
-            ),
+            "text": self.prompt_text,
+            "features": self.prompt_features,
+            "prior": self.prior_outcomes,
+            "policy": self.policy,
+            "predicted": self.predicted_success,
+            "return_unspent": self.return_unspent,
+            "created_at": now,
+        }
+        return {
+            "spec": json.dumps(spec),
+            "job": self.job,
+            "status": "collecting",
             "rollouts": self.rollouts,
             "expansion_budget": self.expansion_budget,
             "rounds": self.rounds,
-            "policy": self.policy,
-            "predicted": self.predicted_success,
-            "return_unspent": int(self.return_unspent),
-            "status": "collecting",
-            "round": 0,
-            "decision_round": 0,
-            "decision_token": "",
-            "decision_until": 0,
-            "bare_started": 0,
-            "bare_leaves": 0,
-            "bare_successes": 0,
-            "cont_started": 0,
-            "cont_leaves": 0,
-            "successes": 0,
-            "promised": 0,
-            "returned": 0,
-            "fallback": 0,
-            "created_at": now,
-            "updated_at": now,
-            "finished_at": 0,
         }
 
 
@@ -107,31 +96,34 @@ class TreeMeta:
         return self.status in ("complete", "closed")
 
     @classmethod
-    def from_hash(cls, raw: Mapping[str, str]) -> TreeMeta:
-        prompt = json.loads(raw["prompt"])
-        ints = {
-            name: int(raw[name])
+    def from_hash(cls, tree_id: str, raw: Mapping[str, str]) -> TreeMeta:
+        spec = json.loads(raw["spec"])
+        counters = {
+            name: int(raw.get(name, 0))
             for name in (
-                "step", "rollouts", "expansion_budget", "rounds", "round", "bare_started", "bare_leaves",
-                "bare_successes", "cont_started", "cont_leaves", "successes", "promised", "returned",
-                "fallback",
+                "round", "bare_started", "bare_leaves", "bare_successes", "cont_started", "cont_leaves",
+                "successes", "promised", "returned", "fallback",
             )
         }  # fmt: skip
         return cls(
-            tree_id=raw["tree_id"],
-            allocation_id=raw["allocation_id"],
+            tree_id=tree_id,
+            allocation_id=spec["allocation_id"],
             job=raw["job"],
-            prompt_id=raw["prompt_id"],
-            prompt_text=prompt["text"],
-            prompt_features=prompt["features"],
-            prior_outcomes=(int(prompt["prior"][0]), int(prompt["prior"][1])),
-            policy=raw["policy"],
-            predicted_success=float(raw["predicted"]),
-            return_unspent=raw["return_unspent"] == "1",
+            step=int(spec["step"]),
+            prompt_id=spec["prompt_id"],
+            prompt_text=spec["text"],
+            prompt_features=spec["features"],
+            prior_outcomes=(int(spec["prior"][0]), int(spec["prior"][1])),
+            rollouts=int(raw["rollouts"]),
+            expansion_budget=int(raw["expansion_budget"]),
+            rounds=int(raw["rounds"]),
+            policy=spec["policy"],
+            predicted_success=float(spec["predicted"]),
+            return_unspent=bool(spec["return_unspent"]),
             status=raw["status"],
-            created_at=float(raw["created_at"]),
-            finished_at=float(raw["finished_at"]),
-            **ints,
+            created_at=float(spec["created_at"]),
+            finished_at=float(raw.get("finished_at", 0)),
+            **counters,
         )
 
 

@@ -256,7 +256,10 @@ class TreeStore:
             for tree_id in tree_ids:
                 pipe.hgetall(self.keys.tree(tree_id).meta)
             rows = await pipe.execute()
-        return [TreeMeta.from_hash(_decoded(row)) if row else None for row in rows]
+        return [
+            TreeMeta.from_hash(tree_id, _decoded(row)) if row else None
+            for tree_id, row in zip(tree_ids, rows, strict=True)
+        ]
 
     async def load_tree(self, tree_id: str) -> StoredTree | None:
         keys = self.keys.tree(tree_id)
@@ -271,7 +274,7 @@ class TreeStore:
         parsed = [StoredNode.from_json(node_id, raw) for node_id, raw in _decoded(nodes).items()]
         parsed.sort(key=lambda node: (node.depth, node.reported_at, node.node_id))
         return StoredTree(
-            meta=TreeMeta.from_hash(_decoded(meta)),
+            meta=TreeMeta.from_hash(tree_id, _decoded(meta)),
             nodes=parsed,
             instructions={
                 key: StoredInstruction.from_json(key, raw) for key, raw in _decoded(instructions).items()

@@ -19,15 +19,18 @@ if redis.call('EXISTS', meta_key) == 0 then
                        started = started, bare_leaves = 0, cont_leaves = 0})
 end
 
+-- Counters start absent (a new tree stores only its spec): absent reads as 0.
+local function num(value) return tonumber(value) or 0 end
+
 local m = {}
 local raw = redis.call('HGETALL', meta_key)
 for i = 1, #raw, 2 do m[raw[i]] = raw[i + 1] end
 local status = m.status
-local rollouts = tonumber(m.rollouts)
+local rollouts = num(m.rollouts)
 local counters = {
-  bare_started = tonumber(m.bare_started), bare_leaves = tonumber(m.bare_leaves),
-  bare_successes = tonumber(m.bare_successes), cont_started = tonumber(m.cont_started),
-  cont_leaves = tonumber(m.cont_leaves), successes = tonumber(m.successes),
+  bare_started = num(m.bare_started), bare_leaves = num(m.bare_leaves),
+  bare_successes = num(m.bare_successes), cont_started = num(m.cont_started),
+  cont_leaves = num(m.cont_leaves), successes = num(m.successes),
 }
 local node_cache, instr_cache = {}, {}
 
@@ -135,13 +138,13 @@ end
 -- continuation is scored; one caller claims each decision under a lease (another takes it over if the
 -- lease lapses); with nothing left to decide the tree is complete.
 local decision, token, completed = 0, '', 0
-local pending = tonumber(m.decision_round)
-local promised = tonumber(m.promised)
-local round, rounds = tonumber(m.round), tonumber(m.rounds)
-local budget_left = tonumber(m.expansion_budget) - promised - tonumber(m.returned)
+local pending = num(m.decision_round)
+local promised = num(m.promised)
+local round, rounds = num(m.round), num(m.rounds)
+local budget_left = num(m.expansion_budget) - promised - num(m.returned)
 local settled = counters.bare_leaves == rollouts and counters.cont_leaves == promised
 if status ~= 'complete' and status ~= 'closed' and settled then
-  if pending > 0 and tonumber(m.decision_until) > now then
+  if pending > 0 and num(m.decision_until) > now then
     -- another caller is deciding this round right now
   elseif round < rounds and budget_left > 0 and counters.bare_leaves > 0 then
     decision = pending > 0 and pending or round + 1
@@ -161,5 +164,5 @@ redis.call('HSET', meta_key,
 for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, ttl) end
 return cjson.encode({results = results, job = m.job, status = status, decision = decision, token = token,
                      completed = completed, started = started,
-                     bare_leaves = counters.bare_leaves - tonumber(m.bare_leaves),
-                     cont_leaves = counters.cont_leaves - tonumber(m.cont_leaves)})
+                     bare_leaves = counters.bare_leaves - num(m.bare_leaves),
+                     cont_leaves = counters.cont_leaves - num(m.cont_leaves)})

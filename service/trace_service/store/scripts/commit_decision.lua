@@ -10,7 +10,7 @@ local instructions, predictions = cjson.decode(ARGV[3]), cjson.decode(ARGV[4])
 local returned, fallback, now, ttl = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 
 local held = redis.call('HMGET', meta_key, 'decision_round', 'decision_token', 'status')
-if tonumber(held[1]) ~= round or held[2] ~= token then
+if (tonumber(held[1]) or 0) ~= round or held[2] ~= token then
   return cjson.encode({ok = 0, status = held[3] or '', completed = 0})
 end
 local promised = 0
