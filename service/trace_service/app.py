@@ -34,10 +34,19 @@ from trace_service.store import TreeStore, connect
 logger = logging.getLogger(__name__)
 
 
-async def _every(seconds: float, work: Callable[[], Awaitable[object]], name: str) -> None:
-    """Run ``work`` forever at a fixed interval; a failed round is logged, never fatal."""
-    while True:
-        await asyncio.sleep(seconds)
+async def _every(
+    seconds: float, work: Callable[[], Awaitable[object]], name: str, stop: asyncio.Event
+) -> None:
+    """Run ``work`` at a fixed interval until ``stop`` is set; a failed round is logged, never fatal.
+
+    The stop event, not only cancellation, ends the loop: a store client that swallows a cancellation
+    (fakeredis does) must not keep the shutdown waiting.
+    """
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=seconds)
+        if stop.is_set():
+            return
         try:
             await work()
         except (RedisError, OSError) as error:
@@ -79,13 +88,15 @@ def create_app(settings: Settings | None = None, *, store: TreeStore | None = No
             await runtime.refresh(train=False)  # start from the newest published weights
         engine = Engine(tree_store, runtime, settings, metrics)
         app.state.engine = engine
+        stop = asyncio.Event()
         tasks = [
-            asyncio.create_task(_every(settings.train_interval_seconds, runtime.refresh, "predictor")),
-            asyncio.create_task(_every(settings.sweep_interval_seconds, engine.sweep, "sweeper")),
+            asyncio.create_task(_every(settings.train_interval_seconds, runtime.refresh, "predictor", stop)),
+            asyncio.create_task(_every(settings.sweep_interval_seconds, engine.sweep, "sweeper", stop)),
         ]
         try:
             yield
         finally:
+            stop.set()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

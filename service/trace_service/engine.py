@@ -62,6 +62,8 @@ _TRACE_ROOTS = {Policy.TRACE, Policy.TRACE_ROOT}
 #: Stage 2 of each policy: TRACE's greedy, random prefixes (TreePO), or an even spread (uniform family).
 _TRACE_PREFIXES = {Policy.TRACE, Policy.TRACE_PREFIX}
 _RANDOM_PREFIXES = {Policy.TREEPO, Policy.TRACE_ROOT}
+#: Trees whose events are applied concurrently, over all requests of this process.
+_CONCURRENT_TREES = 32
 #: Largest B·M·m_max for which Knapsack RL runs its exact DP; beyond it the envelope solver.
 _KNAPSACK_DP_CELLS = 20_000_000
 
@@ -86,31 +88,51 @@ class Engine:
         self.metrics = metrics
         self.clock = clock
         self._rng = np.random.default_rng()
+        # Trees of all requests worked on at once: bounds store connections (the embedded store's pool
+        # holds 100) and keeps one huge batch from starving the others.
+        self._tree_slots = asyncio.Semaphore(_CONCURRENT_TREES)
 
     # --- POST /v1/allocate -------------------------------------------------------------------------
 
     async def allocate(self, request: AllocateRequest, idempotency_key: str | None) -> AllocateResponse:
+        """Stage 1.  Trees are created before the answer is remembered under the idempotency key and
+        listed after, so a retry after any failure gets trees that exist; listing is idempotent."""
         if idempotency_key:
             remembered = await self.store.recall_response(request.job, idempotency_key)
             if remembered is not None:
-                return AllocateResponse.model_validate_json(remembered)
+                response = AllocateResponse.model_validate_json(remembered)
+                await self._index(request, response)  # in case the first attempt stopped before it
+                return response
         with self.metrics.allocate_duration.labels(request.policy.value).time():
             response, trees = await self._decide_roots(request)
+        now = self.clock()
+        await self.store.create_trees(trees, now)
         if idempotency_key:
             winner = await self.store.remember_response(
                 request.job, idempotency_key, response.model_dump_json()
             )
             if winner != response.model_dump_json():
-                return AllocateResponse.model_validate_json(winner)  # a concurrent twin was first
-        await self.store.create_trees(trees, self.clock())
-        await self.store.record_step(request.job, request.step, len(request.prompts))
-        active = len(response.trees)
-        self.metrics.allocate_prompts.labels(request.job, "active").inc(active)
+                # A concurrent twin answered first: its trees stand; ours stay unlisted and expire.
+                response = AllocateResponse.model_validate_json(winner)
+                await self._index(request, response)
+                return response
+        await self._index(request, response)
+        self.metrics.allocate_prompts.labels(request.job, "active").inc(len(response.trees))
         self.metrics.allocate_prompts.labels(request.job, "skipped").inc(len(response.skipped))
         promised = self.metrics.budget_promised
         promised.labels(request.job, "bare").inc(sum(tree.rollouts for tree in trees))
         promised.labels(request.job, "continuation").inc(sum(tree.expansion_budget for tree in trees))
         return response
+
+    async def _index(self, request: AllocateRequest, response: AllocateResponse) -> None:
+        await self.store.index_allocation(
+            request.job,
+            request.step,
+            response.allocation_id,
+            len(request.prompts),
+            [tree.tree_id for tree in response.trees],
+            self.clock(),
+        )
 
     async def _decide_roots(self, request: AllocateRequest) -> tuple[AllocateResponse, list[NewTree]]:
         prompts = request.prompts
@@ -237,6 +259,12 @@ class Engine:
     async def _expand_tree(
         self, tree_id: str, events: list[ExpandEvent]
     ) -> tuple[list[tuple[int, str]], list[Instruction], bool]:
+        async with self._tree_slots:
+            return await self._apply_tree_events(tree_id, events)
+
+    async def _apply_tree_events(
+        self, tree_id: str, events: list[ExpandEvent]
+    ) -> tuple[list[tuple[int, str]], list[Instruction], bool]:
         now = self.clock()
         batch = await self.store.apply_events(
             tree_id,
@@ -256,7 +284,6 @@ class Engine:
         instructions: list[Instruction] = []
         completed = batch.completed
         if batch.decision_round:
-            await self.store.track_decision(job, tree_id, now + self.settings.decision_lease_seconds)
             instructions, completed = await self.decide(
                 tree_id, batch.decision_round, batch.token, inline=True
             )
@@ -290,6 +317,12 @@ class Engine:
             # candidate already mixed) is returned: never promised, never spent twice.
             returned = share - int(counts.sum())
             now = self.clock()
+            # Offered before they are recorded, so that no failure in between can strand them; an offer
+            # whose record never happened is dropped when claimed.
+            free_at = now + self.settings.lease_seconds if inline else now
+            await self.store.queue_instructions(
+                meta.job, tree_id, {i.instruction_id: free_at for i in instructions}
+            )
             recorded, completed = await self.store.commit_decision(
                 tree_id,
                 round=round_,
@@ -300,10 +333,11 @@ class Engine:
                 fallback=fallback,
                 now=now,
             )
-        if not recorded:
-            return [], False  # another replica took the decision over; its instructions stand
-        free_at = now + self.settings.lease_seconds if inline else now
-        await self.store.settle_decision(meta.job, tree_id, {i.instruction_id: free_at for i in instructions})
+        if not recorded:  # another replica took the decision over; its instructions stand
+            await self.store.dequeue_instructions(
+                meta.job, [(tree_id, i.instruction_id) for i in instructions]
+            )
+            return [], False
         self.metrics.instructions_issued.labels(meta.job).inc(len(instructions))
         self.metrics.budget_fallback.labels(meta.job).inc(fallback)
         self.metrics.budget_unspent.labels(meta.job).inc(returned)
@@ -342,15 +376,19 @@ class Engine:
         return spread_evenly(np.ones(len(node_ids), dtype=bool), share), node_ids, {}, 0, share
 
     async def _on_completed(self, tree_id: str) -> None:
-        """Bookkeeping once per tree: the prompt's outcome history, predictor training, metrics."""
+        """Bookkeeping once a tree is finished: the prompt's outcome history (counted once per tree), a
+        training example for the predictor, metrics; then it leaves the open list.  If this fails
+        part-way the sweeper finds the finished tree still open and runs it again."""
         meta = (await self.store.load_metas([tree_id]))[0]
         if meta is None:
             return
-        await self.store.record_prompt_outcome(
-            meta.job, meta.prompt_id, meta.bare_successes, meta.bare_leaves
+        counted = await self.store.record_prompt_outcome(
+            meta.job, tree_id, meta.prompt_id, meta.bare_successes, meta.bare_leaves
         )
-        await self.store.push_completed(meta.tree_id)
-        self.metrics.trees_completed.labels(meta.job, "true" if meta.mixed else "false").inc()
+        await self.store.push_completed(tree_id)
+        if counted:
+            self.metrics.trees_completed.labels(meta.job, "true" if meta.mixed else "false").inc()
+        await self.store.forget_open(meta.job, tree_id)
 
     # --- GET /v1/instructions ----------------------------------------------------------------------
 
@@ -384,21 +422,27 @@ class Engine:
         return InstructionsResponse(instructions=instructions, lease_seconds=lease)
 
     async def sweep(self) -> int:
-        """Decide the Stage 2 rounds whose claims lapsed (their replica died mid-decision)."""
-        decided = 0
+        """Finish what failed part-way on any replica: decide Stage 2 rounds whose claims lapsed (their
+        replica died mid-decision) and account for finished trees that are still listed as open.
+        Returns the number of trees acted on."""
+        acted = 0
         now = self.clock()
         for job in await self.store.jobs():
-            for tree_id in await self.store.lapsed_decisions(job, now):
-                round_, token = await self.store.take_over_decision(
-                    tree_id, now=now, lease=self.settings.decision_lease_seconds
-                )
-                if not round_:
-                    await self.store.untrack_decision(job, tree_id)
-                    continue
-                await self.store.track_decision(job, tree_id, now + self.settings.decision_lease_seconds)
-                await self.decide(tree_id, round_, token, inline=False)
-                decided += 1
-        return decided
+            tree_ids = await self.store.open_trees(job)
+            for tree_id, meta in zip(tree_ids, await self.store.load_metas(tree_ids), strict=True):
+                if meta is None:  # expired
+                    await self.store.forget_open(job, tree_id)
+                elif meta.finished:
+                    await self._on_completed(tree_id)
+                    acted += 1
+                else:
+                    round_, token = await self.store.take_over_decision(
+                        tree_id, now=now, lease=self.settings.decision_lease_seconds
+                    )
+                    if round_:
+                        await self.decide(tree_id, round_, token, inline=False)
+                        acted += 1
+        return acted
 
     # --- trees -------------------------------------------------------------------------------------
 

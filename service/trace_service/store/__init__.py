@@ -40,5 +40,11 @@ def connect(url: str | None, *, cluster: bool = False) -> RedisClient:
 
         return RedisCluster.from_url(url)
     from redis.asyncio import Redis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import ExponentialBackoff
 
-    return Redis.from_url(url, health_check_interval=30)
+    # A connection pooled before a Redis restart fails on first use: retry such failures on a fresh one
+    # (every store operation is idempotent or a Lua script that checks before it writes).
+    return Redis.from_url(
+        url, health_check_interval=30, retry=Retry(ExponentialBackoff(cap=0.5, base=0.02), retries=3)
+    )

@@ -36,9 +36,13 @@ class KeySpace:
     def instruction_queue(self, job: str) -> str:
         return f"{self._job(job)}:queue"
 
-    def decisions(self, job: str) -> str:
-        """Trees with a Stage 2 decision claimed, scored by when the claim lapses."""
-        return f"{self._job(job)}:decisions"
+    def open_trees(self, job: str) -> str:
+        """Trees not yet complete (or whose completion is not yet accounted for): the sweeper's list."""
+        return f"{self._job(job)}:open"
+
+    def counted_trees(self, job: str) -> str:
+        """Trees whose outcomes the prompt history already holds (so a repeat never counts twice)."""
+        return f"{self._job(job)}:counted"
 
     def idempotency(self, job: str, key: str) -> str:
         return f"{self._job(job)}:idem:{key}"

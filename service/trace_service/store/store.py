@@ -8,6 +8,7 @@ store is the same code over ``fakeredis`` (with its Lua engine): one implementat
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Mapping, Sequence
@@ -32,13 +33,17 @@ from trace_service.store.records import (
 )
 
 RedisClient = Redis | RedisCluster
+#: Script calls in flight at once when a Cluster cannot pipeline them.
+_CLUSTER_FANOUT = 64
 _SCRIPTS = (
+    "create_tree",
     "apply_events",
     "commit_decision",
     "take_over_decision",
     "close_tree",
     "claim_instructions",
     "record_outcome",
+    "write_expire",
 )
 
 
@@ -91,25 +96,53 @@ class TreeStore:
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         return await self._scripts[name](keys=list(keys), args=list(args))
 
+    async def _write(self, key: str, ttl: int, command: str, *args: Any) -> Any:
+        """One write command and the key's expiry, atomically (``write_expire.lua``)."""
+        return await self._run("write_expire", [key], [ttl, command, *args])
+
     # --- allocation ---------------------------------------------------------------------------------
 
-    async def create_trees(self, trees: Sequence[NewTree], now: float) -> None:
-        if not trees:
+    async def _run_many(self, calls: Sequence[tuple[str, list[str], list[Any]]]) -> None:
+        """Several script calls at once: one pipeline on a single Redis; concurrent calls on a Cluster,
+        whose pipelines refuse scripts (each call still touches one slot)."""
+        if isinstance(self.redis, RedisCluster):
+            for start in range(0, len(calls), _CLUSTER_FANOUT):
+                await asyncio.gather(*(self._run(*call) for call in calls[start : start + _CLUSTER_FANOUT]))
             return
-        job, step = trees[0].job, trees[0].step
         async with self.redis.pipeline(transaction=False) as pipe:
-            for tree in trees:
-                meta = self.keys.tree(tree.tree_id).meta
-                pipe.hset(meta, mapping=tree.to_hash(now))  # type: ignore[arg-type]
-                pipe.expire(meta, self.tree_ttl)
-            step_key = self.keys.step_trees(job, step)
-            pipe.sadd(step_key, *[tree.tree_id for tree in trees])
-            pipe.expire(step_key, self.job_ttl)
-            pipe.zadd(self.keys.steps(job), {str(step): step})
-            pipe.expire(self.keys.steps(job), self.job_ttl)
-            pipe.zadd(self.keys.jobs, {job: now})
-            pipe.expire(self.keys.jobs, self.job_ttl)
+            for name, keys, args in calls:
+                # redis-py queues a script on a pipeline and loads it first if the server lacks it.
+                await self._scripts[name](keys=keys, args=args, client=pipe)
             await pipe.execute()
+
+    async def create_trees(self, trees: Sequence[NewTree], now: float) -> None:
+        """Create the trees (each atomically with its expiry; creating an existing tree changes nothing).
+        They are not listed anywhere until :meth:`index_allocation`."""
+        await self._run_many(
+            [
+                (
+                    "create_tree",
+                    [self.keys.tree(tree.tree_id).meta],
+                    [self.tree_ttl, *(item for pair in tree.to_hash(now).items() for item in pair)],
+                )
+                for tree in trees
+            ]
+        )
+
+    async def index_allocation(
+        self, job: str, step: int, allocation_id: str, prompts: int, tree_ids: Sequence[str], now: float
+    ) -> None:
+        """List an allocation's trees under its job and step, and as open for the sweeper (idempotent)."""
+        writes: list[tuple[str, str, Sequence[Any]]] = [
+            (self.keys.step_trees(job, step), "SADD", tree_ids),
+            (self.keys.open_trees(job), "SADD", tree_ids),
+            (self.keys.steps(job), "ZADD", [step, step]),
+            (self.keys.steps_info(job), "HSET", [f"{step}:{allocation_id}", prompts]),
+            (self.keys.jobs, "ZADD", [now, job]),
+        ]
+        await self._run_many(
+            [("write_expire", [key], [self.job_ttl, command, *args]) for key, command, args in writes if args]
+        )
 
     async def recall_response(self, job: str, key: str) -> str | None:
         value = await self.redis.get(self.keys.idempotency(job, key))
@@ -130,20 +163,20 @@ class TreeStore:
         raw = await self.redis.hmget(self.keys.prompt_outcomes(job), list(prompt_ids))
         return [PromptOutcomes.parse(_text(value)) if value else PromptOutcomes() for value in raw]
 
-    async def record_prompt_outcome(self, job: str, prompt_id: str, successes: int, trials: int) -> None:
-        """Add one step's bare-rollout group to the prompt's history (atomic per job)."""
-        await self._run(
-            "record_outcome", [self.keys.prompt_outcomes(job)], [prompt_id, successes, trials, self.job_ttl]
+    async def record_prompt_outcome(
+        self, job: str, tree_id: str, prompt_id: str, successes: int, trials: int
+    ) -> bool:
+        """Add a finished tree's bare-rollout group to its prompt's history, once per tree (a repeat is a
+        no-op).  Returns whether it was counted now."""
+        keys = [self.keys.prompt_outcomes(job), self.keys.counted_trees(job)]
+        return bool(
+            await self._run("record_outcome", keys, [prompt_id, successes, trials, self.job_ttl, tree_id])
         )
 
-    async def record_step(self, job: str, step: int, prompts: int) -> None:
-        key = self.keys.steps_info(job)
-        await self.redis.hincrby(key, f"{step}:prompts", prompts)
-        await self.redis.expire(key, self.job_ttl)
-
     async def step_prompts(self, job: str, step: int) -> int:
-        value = await self.redis.hget(self.keys.steps_info(job), f"{step}:prompts")
-        return int(value) if value else 0
+        """Prompts offered at a step, over all its allocations."""
+        raw = _decoded(await self.redis.hgetall(self.keys.steps_info(job)))
+        return sum(int(value) for field, value in raw.items() if field.split(":", 1)[0] == str(step))
 
     # --- events and decisions -------------------------------------------------------------------
 
@@ -221,31 +254,6 @@ class TreeStore:
         )
         return round_, token
 
-    async def track_decision(self, job: str, tree_id: str, until: float) -> None:
-        """Note a claimed Stage 2 decision, so that the sweeper finds it if its claim lapses."""
-        key = self.keys.decisions(job)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.zadd(key, {tree_id: until})
-            pipe.expire(key, self.job_ttl)
-            await pipe.execute()
-
-    async def settle_decision(self, job: str, tree_id: str, queued: Mapping[str, float]) -> None:
-        """After a decision is recorded: forget its claim and queue its instructions (id -> free at)."""
-        queue = self.keys.instruction_queue(job)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.zrem(self.keys.decisions(job), tree_id)
-            if queued:
-                pipe.zadd(queue, {f"{tree_id}|{instruction}": at for instruction, at in queued.items()})
-                pipe.expire(queue, self.job_ttl)
-            await pipe.execute()
-
-    async def untrack_decision(self, job: str, tree_id: str) -> None:
-        await self.redis.zrem(self.keys.decisions(job), tree_id)
-
-    async def lapsed_decisions(self, job: str, now: float, limit: int = 100) -> list[str]:
-        raw = await self.redis.zrangebyscore(self.keys.decisions(job), "-inf", now, start=0, num=limit)
-        return [_text(item) for item in raw]
-
     async def close_tree(self, tree_id: str, now: float) -> str:
         return _text(await self._run("close_tree", [self.keys.tree(tree_id).meta], [now, self.tree_ttl]))
 
@@ -294,7 +302,23 @@ class TreeStore:
             _text(tree_id) for tree_id in await self.redis.smembers(self.keys.step_trees(job, step))
         )
 
+    # --- open trees (the sweeper's work list) ------------------------------------------------------
+
+    async def open_trees(self, job: str) -> list[str]:
+        return sorted(_text(tree_id) for tree_id in await self.redis.smembers(self.keys.open_trees(job)))
+
+    async def forget_open(self, job: str, tree_id: str) -> None:
+        await self.redis.srem(self.keys.open_trees(job), tree_id)
+
     # --- instruction queue -------------------------------------------------------------------------
+
+    async def queue_instructions(self, job: str, tree_id: str, free_at: Mapping[str, float]) -> None:
+        """Offer instructions for claiming, each from the given time on."""
+        if free_at:
+            members = [
+                item for instruction, at in free_at.items() for item in (at, f"{tree_id}|{instruction}")
+            ]
+            await self._write(self.keys.instruction_queue(job), self.job_ttl, "ZADD", *members)
 
     async def dequeue_instructions(self, job: str, entries: Sequence[tuple[str, str]]) -> None:
         if entries:
@@ -320,19 +344,15 @@ class TreeStore:
 
     async def push_completed(self, tree_id: str, cap: int = 100_000) -> None:
         key = self.keys.completed_trees
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.lpush(key, tree_id)
-            pipe.ltrim(key, 0, cap - 1)
-            pipe.expire(key, self.job_ttl)
-            await pipe.execute()
+        await self._write(key, self.job_ttl, "LPUSH", tree_id)
+        await self.redis.ltrim(key, 0, cap - 1)
 
     async def pop_completed(self, count: int) -> list[str]:
         raw = await self.redis.rpop(self.keys.completed_trees, count)
         return [_text(item) for item in raw or []]
 
     async def publish_weights(self, version: int, blob: bytes) -> None:
-        await self.redis.hset(self.keys.weights, mapping={"version": version, "blob": blob})
-        await self.redis.expire(self.keys.weights, self.job_ttl)
+        await self._write(self.keys.weights, self.job_ttl, "HSET", "version", version, "blob", blob)
 
     async def weights_version(self) -> int:
         value = await self.redis.hget(self.keys.weights, "version")

@@ -1,0 +1,242 @@
+"""The service on a three-master Redis Cluster: the whole v1 flow with trees spread over the masters, two
+replicas under duplicate/reordered storms, and every key written carries an expiry (arq's rule)."""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import subprocess
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from support import LiveService, free_port, make_settings, wait_for_port
+
+from bench.load import Ledger, LoadConfig, LoadRun, Replicas, export_run
+from trace_client import TraceClient
+from trace_proto import AllocateRequest, ExpandEvent, Instruction, PromptIn, TreeStatus
+from trace_service.engine import Engine
+
+_TREES = 12  # all on one master by chance: 3 · 3⁻¹² ≈ 6e-6
+STORM = LoadConfig(steps=1, prompts=12, rollouts_per_prompt=4, workers=4, storm=True)
+
+
+class RedisClusterNodes:
+    """Three redis-server masters on loopback ports, each in its own directory, joined into one cluster."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.ports = [free_port() for _ in range(3)]
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.ports[0]}"
+
+    def start(self) -> None:
+        for port in self.ports:
+            node_dir = self.directory / str(port)
+            node_dir.mkdir()
+            self.processes.append(
+                subprocess.Popen(
+                    ["redis-server", "--port", str(port), "--cluster-port", str(free_port()),
+                     "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--bind", "127.0.0.1",
+                     "--save", "", "--appendonly", "no", "--protected-mode", "no", "--dir", str(node_dir)],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )  # fmt: skip
+        for port in self.ports:
+            wait_for_port(port)
+        subprocess.run(
+            ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{port}" for port in self.ports),
+             "--cluster-replicas", "0", "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )  # fmt: skip
+        deadline = time.monotonic() + 20
+        while not all(self._state_ok(port) for port in self.ports):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the cluster did not reach cluster_state:ok")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.terminate()
+        for process in self.processes:
+            process.wait(timeout=10)
+
+    def node(self, port: int) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=port, decode_responses=True)
+
+    def _state_ok(self, port: int) -> bool:
+        with self.node(port) as node:
+            info = node.execute_command("CLUSTER INFO")  # redis-py parses it into a dict
+        return bool(info["cluster_state"] == "ok")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RedisClusterNodes]:
+    missing = [tool for tool in ("redis-server", "redis-cli") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"{' and '.join(missing)} not installed: Debian's redis-server package carries both")
+    with tempfile.TemporaryDirectory() as directory:
+        nodes = RedisClusterNodes(Path(directory))
+        try:
+            nodes.start()
+            yield nodes
+        finally:
+            nodes.stop()
+
+
+_counter = itertools.count()
+
+
+def chain(
+    tree_id: str, parent: str | None, turns: int, reward: float, instruction: str | None = None
+) -> list[ExpandEvent]:
+    """One rollout: `turns` turns from `parent`, the last one scored; ids unique over the test."""
+    events = []
+    for t in range(turns):
+        n = next(_counter)
+        events.append(
+            ExpandEvent(
+                event_id=f"e{n}",
+                tree_id=tree_id,
+                node_id=f"n{n}",
+                parent_id=parent,
+                text=f"turn {t}",
+                done=t == turns - 1,
+                reward=reward if t == turns - 1 else None,
+                instruction_id=instruction if t == 0 else None,
+            )
+        )
+        parent = events[-1].node_id
+    return events
+
+
+def continuations(instructions: list[Instruction]) -> list[ExpandEvent]:
+    return [
+        e
+        for i in instructions
+        for k in range(i.count)
+        for e in chain(i.tree_id, i.node_id, 2, float(k % 2), i.instruction_id)
+    ]
+
+
+def keys_by_node(cluster: RedisClusterNodes, prefix: str) -> dict[int, dict[str, int]]:
+    """Every key under `prefix` on every master, with its TTL in seconds (-1: none)."""
+    found: dict[int, dict[str, int]] = {}
+    for port in cluster.ports:
+        with cluster.node(port) as node:
+            found[port] = {key: int(node.ttl(key)) for key in node.scan_iter(match=f"{prefix}:*", count=1000)}
+    return found
+
+
+def assert_every_key_expires(cluster: RedisClusterNodes, prefix: str) -> None:
+    keys = keys_by_node(cluster, prefix)
+    assert any(keys.values())
+    without_expiry = {key: ttl for found in keys.values() for key, ttl in found.items() if ttl <= 0}
+    assert without_expiry == {}
+
+
+def wait_for_published_weights(cluster: RedisClusterNodes, prefix: str) -> None:
+    """Until the first publication of predictor weights has its expiry.  A replica shut down while it
+    publishes for the first time leaves an immortal key (tests/fault/test_fault_store_windows.py shows
+    that bug on its own); waiting keeps it out of these tests."""
+    weights = f"{prefix}:{{predictor}}:weights"
+    deadline = time.monotonic() + 10
+    with redis.RedisCluster(host="127.0.0.1", port=cluster.ports[0]) as client:
+        while client.ttl(weights) <= 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def test_the_v1_flow_on_a_three_master_cluster(cluster: RedisClusterNodes) -> None:
+    settings = make_settings(cluster.url, store_cluster=True)
+    prompts = [PromptIn(prompt_id=f"p{i}", text=f"task {i}") for i in range(_TREES)]
+    with LiveService(settings) as live, TraceClient(live.url, max_retries=0) as client:
+        engine: Engine = live.app.state.engine
+        now = [engine.clock()]
+        engine.clock = lambda: now[0]  # leases run on this clock: the test moves it instead of waiting
+        allocation = client.allocate(
+            AllocateRequest(job="cluster", step=0, budget=4 * _TREES, expansion=1.0, prompts=prompts)
+        )
+        trees = {tree.tree_id: tree for tree in allocation.trees}
+        assert len(trees) == _TREES
+
+        # Bare rollouts of every tree in one request: one Lua script per tree, each on its tree's slot.
+        bare = [
+            e
+            for tree in allocation.trees
+            for j in range(tree.rollouts)
+            for e in chain(tree.tree_id, None, 3, float(j % 2))
+        ]
+        answer = client.expand(bare)
+        assert (answer.accepted, answer.rejected) == (len(bare), [])
+        issued = answer.instructions
+        assert {i.tree_id for i in issued} == set(trees)
+        promised = {tree_id: sum(i.count for i in issued if i.tree_id == tree_id) for tree_id in trees}
+        assert all(0 < promised[t] <= trees[t].expansion_budget for t in trees)
+
+        # Half the trees run their inline instructions; the others leave theirs to the lease.
+        ids = sorted(trees)
+        inline, leased, closed = set(ids[: _TREES // 2]), set(ids[_TREES // 2 : -1]), ids[-1]
+        done = client.expand(continuations([i for i in issued if i.tree_id in inline]))
+        assert set(done.completed) == inline
+        assert client.claim_instructions("cluster").instructions == []  # still leased to the first worker
+        now[0] += settings.lease_seconds + 1
+        offered = client.claim_instructions("cluster", 1024).instructions
+        assert {i.instruction_id for i in offered} == {
+            i.instruction_id for i in issued if i.tree_id not in inline
+        }
+        done = client.expand(continuations([i for i in offered if i.tree_id in leased]))
+        assert set(done.completed) == leased
+        assert client.close_tree(closed).status is TreeStatus.CLOSED
+
+        for tree_id, tree in trees.items():
+            exported = client.get_tree(tree_id)
+            leaves = [n for n in exported.nodes if n.reward is not None]
+            if tree_id == closed:
+                assert (exported.status, len(leaves)) == (TreeStatus.CLOSED, tree.rollouts)
+            else:
+                assert exported.status is TreeStatus.COMPLETE
+                assert len(leaves) == tree.rollouts + promised[tree_id]
+                assert exported.mixed
+        (step,) = client.job_stats("cluster").steps
+        assert (step.active, step.trees_complete, step.rollouts_spent) == (_TREES, _TREES, 4 * _TREES)
+        assert step.continuations_promised == sum(promised.values())
+        assert step.continuations_spent == sum(promised.values()) - promised[closed]
+
+        # The trainer takes completed trees from the store and publishes weights there.
+        wait_for_published_weights(cluster, settings.store_prefix)
+        assert client.predictor_info().version > 0
+
+    keys = keys_by_node(cluster, settings.store_prefix)
+    tree_metas = Counter(port for port, found in keys.items() for key in found if key.endswith(":meta"))
+    assert sum(tree_metas.values()) == _TREES
+    assert len(tree_metas) >= 2  # the trees' slots are spread over the masters
+    assert_every_key_expires(cluster, settings.store_prefix)
+
+
+async def test_two_replicas_under_storms_on_a_cluster(cluster: RedisClusterNodes) -> None:
+    """Concurrent duplicate and reordered batches from two replicas: claims, decisions, sweeps and job
+    indexes on several slots at once."""
+    settings = make_settings(cluster.url, store_cluster=True, lease_seconds=2, decision_lease_seconds=2)
+    with LiveService(settings) as first, LiveService(settings) as second:
+        replicas = Replicas([first.url, second.url], Ledger())
+        try:
+            run = LoadRun(replicas, STORM)
+            await run.run()
+            audit = await export_run(replicas, run)
+        finally:
+            await replicas.aclose()
+        wait_for_published_weights(cluster, settings.store_prefix)
+    assert audit.clean
+    assert audit.complete == audit.trees == 12
+    assert not replicas.ledger.failures  # a CROSSSLOT error would be a 503 here
+    assert_every_key_expires(cluster, settings.store_prefix)

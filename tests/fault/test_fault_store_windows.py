@@ -1,0 +1,192 @@
+"""A request that fails between two store calls, then is retried: the retry must finish what the first
+attempt left half done.
+
+A replica that dies between two store calls of one request leaves exactly what a Redis connection error
+at that point leaves, so a store call that fails once stands in for both, deterministically.  Every
+retry is what a client does on a 503: the same body, and for an allocation the same idempotency key.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TypeVar
+
+import pytest
+from fault_support import chain, fail_once, new_prefix, replica_settings
+from redis.exceptions import ConnectionError as RedisConnectionError
+from support import LiveService, RedisServer
+
+from trace_client import TraceClient, TraceUnavailable
+from trace_proto import AllocateRequest, ExpandEvent, Instruction, PromptIn, TreeAllocation
+from trace_service.store import TreeStore, connect
+
+T = TypeVar("T")
+
+#: Short leases and a fast sweeper, so that whatever the service recovers by itself comes back quickly.
+_LEASE = 0.3
+_RECOVERY_SECONDS = 3.0
+
+
+@pytest.fixture(scope="module")
+def replica(redis_server: RedisServer) -> Iterator[LiveService]:
+    settings = replica_settings(
+        redis_server.url,
+        new_prefix(),
+        lease_seconds=_LEASE,
+        decision_lease_seconds=_LEASE,
+        sweep_interval_seconds=0.1,
+    )
+    with LiveService(settings) as live:
+        yield live
+
+
+@pytest.fixture
+def job() -> str:
+    """Each test its own job: the replica is shared, and claims are per job."""
+    return f"job-{uuid.uuid4().hex[:8]}"
+
+
+def store_of(live: LiveService) -> TreeStore:
+    store: TreeStore = live.app.state.engine.store
+    return store
+
+
+def one_tree(client: TraceClient, job: str, expansion: float = 1.0) -> TreeAllocation:
+    request = AllocateRequest(
+        job=job, step=0, budget=2, expansion=expansion, prompts=[PromptIn(prompt_id="p")]
+    )
+    return client.allocate(request).trees[0]
+
+
+def bare_rollouts(tree: TreeAllocation) -> list[ExpandEvent]:
+    """Every bare rollout of the tree, two turns each, one success and one failure."""
+    return [e for j in range(tree.rollouts) for e in chain(tree.tree_id, None, 2, float(j % 2))]
+
+
+def eventually(probe: Callable[[], T], done: Callable[[T], bool]) -> T:
+    """Probe until `done` holds or the recovery time is over (the sweeper and leases run on timers)."""
+    deadline = time.monotonic() + _RECOVERY_SECONDS
+    value = probe()
+    while not done(value) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        value = probe()
+    return value
+
+
+def offered(client: TraceClient, job: str) -> list[Instruction]:
+    return eventually(lambda: client.claim_instructions(job).instructions, bool)
+
+
+def test_a_failed_stage2_decision_is_taken_over_and_offered(
+    replica: LiveService, job: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The recovery the other tests expect: the decision itself fails, its claim lapses, the sweeper
+    decides the round and the instructions are offered to any worker."""
+    with TraceClient(replica.url, max_retries=0) as client:
+        tree = one_tree(client, job)
+        fail_once(monkeypatch, store_of(replica), "load_tree")
+        with pytest.raises(TraceUnavailable):
+            client.expand(bare_rollouts(tree))
+        assert sum(i.count for i in offered(client, job)) == tree.expansion_budget
+
+
+def test_an_allocation_retried_after_a_store_failure_has_its_trees(
+    replica: LiveService, job: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with TraceClient(replica.url, max_retries=0) as client:
+        request = AllocateRequest(job=job, step=0, budget=2, prompts=[PromptIn(prompt_id="p")])
+        fail_once(monkeypatch, store_of(replica), "create_trees")
+        with pytest.raises(TraceUnavailable):
+            client.allocate(request, idempotency_key="step-0")
+        tree = client.allocate(request, idempotency_key="step-0").trees[0]
+        assert client.expand(bare_rollouts(tree)).accepted == 2 * tree.rollouts
+
+
+def test_a_stage2_claim_whose_decision_was_never_recorded_is_still_decided(
+    replica: LiveService, job: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """apply_events.lua claims the decision; the claimant fails before recording it.  The claim lapses
+    and the sweeper, which reads the claim from the tree itself, decides the round."""
+    with TraceClient(replica.url, max_retries=0) as client:
+        tree = one_tree(client, job)
+        fail_once(monkeypatch, store_of(replica), "commit_decision")
+        with pytest.raises(TraceUnavailable):
+            client.expand(bare_rollouts(tree))
+        instructions = client.expand(bare_rollouts(tree)).instructions or offered(client, job)
+        assert sum(i.count for i in instructions) == tree.expansion_budget
+
+
+def test_instructions_recorded_but_whose_answer_was_lost_are_still_offered(
+    replica: LiveService, job: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """commit_decision.lua records the instructions, then the replica fails before answering: the
+    instructions were offered before they were recorded, so a worker can claim them."""
+    store = store_of(replica)
+    original = store.commit_decision
+
+    async def recorded_then_lost(*args: object, **kwargs: object) -> tuple[bool, bool]:
+        monkeypatch.setattr(store, "commit_decision", original)
+        await original(*args, **kwargs)  # type: ignore[arg-type]
+        raise RedisConnectionError("injected: the answer of commit_decision was lost")
+
+    monkeypatch.setattr(store, "commit_decision", recorded_then_lost)
+    with TraceClient(replica.url, max_retries=0) as client:
+        tree = one_tree(client, job)
+        with pytest.raises(TraceUnavailable):
+            client.expand(bare_rollouts(tree))
+        instructions = client.expand(bare_rollouts(tree)).instructions or offered(client, job)
+        assert sum(i.count for i in instructions) == tree.expansion_budget
+
+
+def test_a_tree_completed_before_a_store_failure_still_trains_the_predictor(
+    replica: LiveService, job: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with TraceClient(replica.url, max_retries=0) as client:
+
+        def complete_a_tree() -> int:
+            """Examples the predictor has seen once one more tree is complete and trained on."""
+            before = client.predictor_info().examples_seen
+            tree = one_tree(client, job, expansion=0.0)  # no Stage 2: the bare rollouts complete it
+            try:
+                client.expand(bare_rollouts(tree))
+            except TraceUnavailable:
+                client.expand(bare_rollouts(tree))  # what the client's retry does
+            assert client.get_tree(tree.tree_id).status == "complete"
+            return eventually(lambda: client.predictor_info().examples_seen, lambda seen: seen > before)
+
+        learned_from_one = complete_a_tree()  # the same tree shape without a failure: the control
+        fail_once(monkeypatch, store_of(replica), "record_prompt_outcome")
+        assert complete_a_tree() == 2 * learned_from_one
+
+
+#: Store writes that create keys.
+WRITES: dict[str, Callable[[TreeStore], Awaitable[None]]] = {
+    "publish_weights": lambda store: store.publish_weights(1, b"weights"),
+    "index_allocation": lambda store: store.index_allocation("job", 0, "a1", 8, ["t1", "t2"], time.time()),
+    "queue_instructions": lambda store: store.queue_instructions("job", "t1", {"i1": time.time()}),
+    "push_completed": lambda store: store.push_completed("t1"),
+}
+
+
+@pytest.mark.parametrize("write", sorted(WRITES))
+async def test_every_key_gets_its_expiry_in_the_write_that_creates_it(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch, write: str
+) -> None:
+    """No separate EXPIRE round trip that a dying replica could miss: with EXPIRE refused outright the
+    writes still succeed, and every key they made expires."""
+    store = TreeStore(connect(redis_server.url), prefix=new_prefix())
+    try:
+
+        async def refused(*args: object, **kwargs: object) -> None:
+            raise RedisConnectionError("injected: a separate EXPIRE would have failed here")
+
+        monkeypatch.setattr(store.redis, "expire", refused)
+        await WRITES[write](store)
+        keys = [key async for key in store.redis.scan_iter(match=f"{store.keys.prefix}:*")]
+        ttls = [await store.redis.ttl(key) for key in keys]
+        assert ttls
+        assert min(ttls) > 0
+    finally:
+        await store.aclose()
