@@ -37,6 +37,13 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from trace_service import demo
+
+    demo.run(demo.config_from_arguments(args))
+    return 0
+
+
 def _openapi(args: argparse.Namespace) -> int:
     text = openapi_text()
     if args.check:
@@ -61,6 +68,14 @@ def main(argv: list[str] | None = None) -> int:
         help="redis://host:port/db; empty or unset: the embedded store (TRACE_STORE_URL)",
     )
     serve.set_defaults(run=_serve)
+
+    from trace_service.demo import add_arguments as add_demo_arguments
+
+    demo = commands.add_parser(
+        "demo", help="TRACE against uniform allocation on a simulated workload: a table and a plot"
+    )
+    add_demo_arguments(demo)
+    demo.set_defaults(run=_demo)
 
     openapi = commands.add_parser("openapi", help="write the OpenAPI document")
     openapi.add_argument("--out", type=Path, default=OPENAPI_PATH)

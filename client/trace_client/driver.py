@@ -1,0 +1,815 @@
+"""The worker driver: one training step of allocate → bare rollouts → expand → continuations, run around
+two user callables.
+
+    async def next_turn(history: History) -> TurnResult: ...   # one agent turn (sync is fine too)
+
+    async with AsyncTraceClient("http://trace:8000") as client:
+        driver = RolloutDriver(client, next_turn, score=score, config=DriverConfig(concurrency=64))
+        result = await driver.run_step(AllocateRequest(job="run-7", step=12, budget=512, prompts=pool))
+    for finished in result.trees:  # TreeResponse with values and advantages, plus the turns that were run
+        ...
+
+What one step does:
+
+1. `POST /v1/allocate` with the request (the pool and the allocation knobs).
+2. Runs every tree's bare rollouts, at most `concurrency` rollouts at a time. Each finished turn becomes
+   an event with a client-made `event_id` (`<tree_id>:<node_id>`) fixed when the turn is made, so a batch
+   sent again after a lost answer is acknowledged as duplicates, never counted twice.
+3. Sends events in batches (at most `batch_events` events of at most `batch_trees` trees per request;
+   an event waits at most `batch_latency`), one request at a time and each tree's events in order, so a
+   parent always reaches the service before its child.
+4. Starts continuations from the exact history that ends at each instructed node (the driver keeps every
+   node's `History`, including each turn's opaque `state`). Instructions come inline in `/v1/expand`
+   answers; while a tree waits on the service with no local work, the driver also claims leased ones
+   (`GET /v1/instructions`) and checks the tree's status.
+5. Returns when every tree is complete (or closed), with each tree as `GET /v1/trees/{id}` exports it.
+
+Failures. A callable that raises (or returns something that is not a `TurnResult`, or runs past
+`turn_timeout`, or never ends its rollout within `max_turns`) fails only its own rollout: the driver
+reports one more turn, a leaf whose text says what went wrong and whose reward is `failure_reward`
+(default 0), so the tree's budget accounting still closes and the tree completes. The failure is listed
+in `FinishedTree.failures`; trainer adapters leave such leaves out of the batch. A tree that nothing can
+finish any more (an event of it was rejected, or its bare rollouts cannot all be scored) is closed with
+`POST /v1/trees/{id}/close` as soon as it has no local work left. Nothing waits forever: past
+`step_timeout` the driver cancels the rollouts still running, reports what was already done, closes the
+remaining trees and returns them with `StepResult.timed_out` set.
+
+Limits. Claims are per job: instructions of trees this driver did not allocate are left to their lease
+(they are offered again after the service's lease time), so run one driver per job and step. When an
+`/v1/expand` answer carrying instructions is lost in transit, the resend is acknowledged as duplicates
+without them, and they are claimed only once their lease (inline instructions start leased to the
+caller) runs out. A blocking synchronous callable blocks the event loop unless `threaded=True` runs it in
+a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import math
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Final, TypeVar
+
+from trace_client.client import AsyncTraceClient
+from trace_client.errors import TraceAPIError, TraceError, TraceResponseError
+from trace_proto import (
+    AllocateRequest,
+    AllocateResponse,
+    ExpandEvent,
+    ExpandResponse,
+    Instruction,
+    PromptIn,
+    RejectedEvent,
+    TreeAllocation,
+    TreeResponse,
+    TreeStatus,
+)
+from trace_proto.v1.limits import MAX_CLAIM, MAX_EVENTS_PER_REQUEST
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Characters of an error message kept in a failure leaf's text.
+_FAILURE_TEXT_CHARS: Final = 2_000
+#: Concurrent requests when closing or fetching a step's trees.
+_FETCH_CONCURRENCY: Final = 16
+#: After the deadline, how long the driver still tries to report turns that were already done.
+_FINAL_REPORT_SECONDS: Final = 5.0
+#: Rejections that mean "another worker runs this continuation", not "this tree is broken".
+_STARTED_ELSEWHERE: Final = 409
+#: The rejection of a turn for a tree that is already complete or closed.
+_TREE_FINISHED: Final = 410
+#: Longest pause between two status checks of a tree that waits on the service (the pause doubles
+#: from `poll_interval` while the tree stays open, so a long wait costs the service little).
+_MAX_CHECK_SECONDS: Final = 10.0
+#: Error statuses of a whole `/v1/expand` request that a later resend may get past (load shedding).
+_RESEND_STATUSES: Final = frozenset({408, 429})
+
+
+@dataclass(frozen=True, slots=True)
+class TurnTokens:
+    """Token ids of one turn, for trainer adapters.
+
+    `mask[k]` is 1 for a token the policy generated (it enters the loss) and 0 for one it did not (a
+    tool's or the environment's reply); None means every token is the policy's. `logprobs` are the
+    sampler's log-probabilities of the tokens, when the trainer needs them.
+    """
+
+    ids: tuple[int, ...]
+    mask: tuple[int, ...] | None = None
+    logprobs: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.mask is not None:
+            if len(self.mask) != len(self.ids):
+                raise ValueError(f"mask has {len(self.mask)} entries for {len(self.ids)} token ids")
+            if any(bit not in (0, 1) for bit in self.mask):
+                raise ValueError("mask entries must be 0 or 1")
+        if self.logprobs is not None and len(self.logprobs) != len(self.ids):
+            raise ValueError(f"logprobs has {len(self.logprobs)} entries for {len(self.ids)} token ids")
+
+    @property
+    def loss_mask(self) -> tuple[int, ...]:
+        return self.mask if self.mask is not None else (1,) * len(self.ids)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResult:
+    """What `next_turn` returns: one agent turn.
+
+    `done` ends the rollout; its `reward` may be left None when a `score` callable is given. `features`
+    (numbers, e.g. a pooled hidden state) reach the predictor; `tokens` reach the trainer adapters;
+    `state` is opaque to the driver and handed back in every history that continues from this turn —
+    whatever the agent needs to resume exactly here (an environment snapshot, a KV-cache handle, the
+    simulator's state).
+    """
+
+    text: str | None = None
+    done: bool = False
+    reward: float | None = None
+    features: Sequence[float] | None = None
+    tokens: TurnTokens | None = None
+    state: object = None
+
+    def __post_init__(self) -> None:
+        if self.reward is not None:
+            if not self.done:
+                raise ValueError("a reward belongs on the turn that ends the rollout (done=True)")
+            if not math.isfinite(self.reward):
+                raise ValueError(f"reward must be finite, got {self.reward}")
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """A prefix history H: the prompt and the turns so far (none at the start of a bare rollout)."""
+
+    prompt: PromptIn
+    tree_id: str
+    turns: tuple[TurnResult, ...] = ()
+
+    @property
+    def depth(self) -> int:
+        return len(self.turns)
+
+    @property
+    def last_turn(self) -> TurnResult | None:
+        return self.turns[-1] if self.turns else None
+
+    def then(self, turn: TurnResult) -> History:
+        """This history followed by one more turn (the original is unchanged and shared)."""
+        return History(self.prompt, self.tree_id, (*self.turns, turn))
+
+
+NextTurn = Callable[[History], TurnResult | Awaitable[TurnResult]]
+Score = Callable[[History], float | Awaitable[float]]
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Counts of one step so far; continuations count those this driver received instructions for."""
+
+    step: int
+    trees: int
+    trees_finished: int
+    bare_rollouts: int
+    bare_finished: int
+    continuations: int
+    continuations_finished: int
+    failed: int
+    turns_reported: int
+    elapsed: float
+
+    def line(self) -> str:
+        return (
+            f"step {self.step} | trees {self.trees_finished}/{self.trees}"
+            f" | bare {self.bare_finished}/{self.bare_rollouts}"
+            f" | continuations {self.continuations_finished}/{self.continuations}"
+            f" | failed {self.failed} | turns {self.turns_reported} | {self.elapsed:.1f}s"
+        )
+
+
+ProgressCallback = Callable[[Progress], None]
+
+
+@dataclass(frozen=True)
+class DriverConfig:
+    """How the driver runs a step.
+
+    Args:
+        concurrency: Rollouts in flight at once (each holds its slot from first to last turn).
+        batch_events: Most events in one `/v1/expand` request.
+        batch_trees: Most trees one request touches. The service applies each tree's events of a request
+            in one store call, so fewer trees with more events each cost it less.
+        batch_latency: Longest an event waits for its batch to fill (seconds).
+        poll_interval: While a tree waits on the service with no local work: seconds between claims of
+            leased instructions and status checks.
+        max_turns: A rollout that has not ended after this many turns (counted from the prompt) fails.
+        turn_timeout: Seconds one call of a callable may take before its rollout fails (None: no limit;
+            a synchronous callable can only be timed out with `threaded`).
+        step_timeout: Overall deadline of `run_step` in seconds (None: none); past it the remaining
+            trees are closed.
+        failure_reward: Reward of the leaf that reports a failed rollout.
+        threaded: Run synchronous callables in worker threads (for blocking ones).
+        progress: Write a progress line to stderr every `progress_interval` seconds.
+    """
+
+    concurrency: int = 64
+    batch_events: int = 512
+    batch_trees: int = 64
+    batch_latency: float = 0.05
+    poll_interval: float = 0.5
+    max_turns: int = 64
+    turn_timeout: float | None = None
+    step_timeout: float | None = 3600.0
+    failure_reward: float = 0.0
+    threaded: bool = False
+    progress: bool = False
+    progress_interval: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
+        if not 1 <= self.batch_events <= MAX_EVENTS_PER_REQUEST:
+            raise ValueError(
+                f"batch_events must lie in [1, {MAX_EVENTS_PER_REQUEST}], got {self.batch_events}"
+            )
+        if self.batch_trees < 1:
+            raise ValueError(f"batch_trees must be at least 1, got {self.batch_trees}")
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns must be at least 1, got {self.max_turns}")
+        for name in ("batch_latency", "poll_interval", "progress_interval"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("turn_timeout", "step_timeout"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be positive or None, got {value}")
+        if not math.isfinite(self.failure_reward):
+            raise ValueError(f"failure_reward must be finite, got {self.failure_reward}")
+
+
+@dataclass(frozen=True)
+class FinishedTree:
+    """One prompt's tree at the end of the step.
+
+    `turns` maps each node this driver ran to its turn (failure leaves are absent from it); `failures`
+    maps each failure leaf this driver reported to the error it stands for.
+    """
+
+    prompt: PromptIn
+    allocation: TreeAllocation
+    tree: TreeResponse
+    turns: Mapping[str, TurnResult]
+    failures: Mapping[str, str]
+
+    @property
+    def closed(self) -> bool:
+        """The tree was closed before it completed (deadline, or nothing could finish it)."""
+        return self.tree.status is TreeStatus.CLOSED
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What `run_step` hands the trainer."""
+
+    allocation: AllocateResponse
+    trees: list[FinishedTree]
+    instructions: list[Instruction]
+    rejected: list[RejectedEvent]
+    timed_out: bool
+    progress: Progress
+
+
+class RolloutDriver:
+    """Runs training steps against a trace-rollout service around user callables (see the module doc).
+
+    Args:
+        client: The service's async client (its retries and timeouts apply to every call).
+        next_turn: `next_turn(history) -> TurnResult`, sync or async: the next turn after `history`.
+        score: `score(history) -> float`, sync or async: the reward of a finished rollout whose last
+            turn carries none.
+        config: How to run (concurrency, batching, deadlines).
+        on_progress: Called with a `Progress` every `config.progress_interval` seconds and at the end.
+    """
+
+    def __init__(
+        self,
+        client: AsyncTraceClient,
+        next_turn: NextTurn,
+        *,
+        score: Score | None = None,
+        config: DriverConfig | None = None,
+        on_progress: ProgressCallback | None = None,
+    ) -> None:
+        self.client = client
+        self.next_turn = next_turn
+        self.score = score
+        self.config = config or DriverConfig()
+        self.on_progress = on_progress
+
+    async def run_step(self, request: AllocateRequest) -> StepResult:
+        """Allocate, run every tree to completion (or to the deadline) and return the trees.
+
+        Raises the client's `TraceError` when the service cannot be reached to allocate, or to close and
+        fetch the trees at the end.
+        """
+        started = time.monotonic()
+        allocation = await self.client.allocate(request)
+        prompts = {prompt.prompt_id: prompt for prompt in request.prompts}
+        return await _Step(self, allocation, prompts, started).run()
+
+
+@dataclass(eq=False)
+class _Tree:
+    """The driver's books on one tree."""
+
+    allocation: TreeAllocation
+    prompt: PromptIn
+    histories: dict[str, History] = field(default_factory=dict)
+    turns: dict[str, TurnResult] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
+    instructions: set[str] = field(default_factory=set)
+    running: int = 0  # local rollouts queued or running
+    unacknowledged: int = 0  # events sent or queued without an answer yet
+    nodes_made: int = 0
+    next_check: float = 0.0  # monotonic time of its next status check while it waits
+    check_pause: float = 0.0
+    finished: bool = False
+    broken: bool = False  # an event of it was rejected, so its books cannot close
+
+    @property
+    def tree_id(self) -> str:
+        return self.allocation.tree_id
+
+    @property
+    def waiting(self) -> bool:
+        """Open with nothing left to do here: only the service (or another worker) can move it on."""
+        return not self.finished and self.running == 0 and self.unacknowledged == 0
+
+
+class _Reporter:
+    """Sends events in batches, one request at a time (so parents always precede their children)."""
+
+    def __init__(
+        self,
+        client: AsyncTraceClient,
+        config: DriverConfig,
+        on_answer: Callable[[list[ExpandEvent], ExpandResponse], None],
+        on_refused: Callable[[list[ExpandEvent], TraceError], None],
+    ) -> None:
+        self._client = client
+        self._config = config
+        self._on_answer = on_answer
+        self._on_refused = on_refused
+        self._pending: list[ExpandEvent] = []
+        self._arrived = asyncio.Event()
+        self._full = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def add(self, event: ExpandEvent) -> None:
+        self._pending.append(event)
+        self._arrived.set()
+        self._idle.clear()
+        if len(self._pending) >= self._config.batch_events:
+            self._full.set()
+
+    async def drain(self) -> None:
+        """Until every event added so far has an answer (or was refused)."""
+        await self._idle.wait()
+
+    async def run(self) -> None:
+        while True:
+            await self._arrived.wait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._full.wait(), self._config.batch_latency)
+            batch = self._take_batch()
+            if len(self._pending) < self._config.batch_events:
+                self._full.clear()
+            if not self._pending:
+                self._arrived.clear()
+            try:
+                response = await self._client.expand(batch)
+            except TraceAPIError as error:
+                if error.status in _RESEND_STATUSES or error.status >= 500:
+                    await self._requeue(batch, error)
+                else:
+                    self._on_refused(batch, error)  # the request as a whole is wrong: resending cannot help
+            except TraceResponseError as error:
+                self._on_refused(batch, error)  # not a v1 answer: a resend would get the same
+            except TraceError as error:
+                await self._requeue(batch, error)
+            else:
+                self._on_answer(batch, response)
+            if not self._pending:
+                self._idle.set()
+
+    def _take_batch(self) -> list[ExpandEvent]:
+        """The oldest events of the first `batch_trees` trees in line, up to `batch_events`; each tree's
+        events keep their order."""
+        trees: set[str] = set()
+        batch: list[ExpandEvent] = []
+        rest: list[ExpandEvent] = []
+        for event in self._pending:
+            fits = event.tree_id in trees or len(trees) < self._config.batch_trees
+            if fits and len(batch) < self._config.batch_events:
+                trees.add(event.tree_id)
+                batch.append(event)
+            else:
+                rest.append(event)
+        self._pending = rest
+        return batch
+
+    async def _requeue(self, batch: list[ExpandEvent], error: TraceError) -> None:
+        """The service could not take the batch: keep it first in line (its event ids make a resend safe)
+        and try again after a pause; the step's deadline bounds the retries."""
+        logger.warning("reporting %d turns failed, retrying: %s", len(batch), error)
+        self._pending[:0] = batch
+        self._arrived.set()
+        await asyncio.sleep(self._config.poll_interval)
+
+
+class _Step:
+    """One `run_step` call: the trees, the running rollouts, the reporter and the counters."""
+
+    def __init__(
+        self,
+        driver: RolloutDriver,
+        allocation: AllocateResponse,
+        prompts: Mapping[str, PromptIn],
+        started: float,
+    ) -> None:
+        self.driver = driver
+        self.config = driver.config
+        self.client = driver.client
+        self.allocation = allocation
+        self.started = started
+        self.nonce = uuid.uuid4().hex[:8]  # node ids of this run never collide with another worker's
+        self.trees = {tree.tree_id: _Tree(tree, prompts[tree.prompt_id]) for tree in allocation.trees}
+        self.slots = asyncio.Semaphore(self.config.concurrency)
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.owners: dict[str, asyncio.Task[object]] = {}  # event_id -> the rollout that made it
+        self.instructions: list[Instruction] = []
+        self.rejected: list[RejectedEvent] = []
+        self.changed = asyncio.Event()
+        self.reporter = _Reporter(self.client, self.config, self._on_answer, self._on_refused)
+        self.last_poll = 0.0
+        self.bare_finished = 0
+        self.continuations = 0
+        self.continuations_finished = 0
+        self.failed = 0
+        self.turns_reported = 0
+
+    # --- the step ----------------------------------------------------------------------------------
+
+    async def run(self) -> StepResult:
+        reporter = asyncio.create_task(self.reporter.run())
+        progress = asyncio.create_task(self._report_progress())
+        for tree in self.trees.values():
+            for _ in range(tree.allocation.rollouts):
+                self._spawn(tree, History(tree.prompt, tree.tree_id), None, None)
+        timed_out = False
+        try:
+            try:
+                async with asyncio.timeout(self._deadline()):
+                    await self._until_finished()
+            except TimeoutError:
+                timed_out = True
+            await self._stop_rollouts()
+            if timed_out:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(_FINAL_REPORT_SECONDS):
+                        await self.reporter.drain()
+        finally:
+            await _cancel(reporter, progress)
+            await self._stop_rollouts()
+        exported = await self._collect()
+        snapshot = self._progress()
+        self._publish(snapshot, final=True)
+        return StepResult(
+            allocation=self.allocation,
+            trees=[
+                FinishedTree(tree.prompt, tree.allocation, exported[tree.tree_id], tree.turns, tree.failures)
+                for tree in self.trees.values()
+            ],
+            instructions=self.instructions,
+            rejected=self.rejected,
+            timed_out=timed_out,
+            progress=snapshot,
+        )
+
+    def _deadline(self) -> float | None:
+        if self.config.step_timeout is None:
+            return None
+        return max(0.0, self.config.step_timeout - (time.monotonic() - self.started))
+
+    async def _until_finished(self) -> None:
+        while not all(tree.finished for tree in self.trees.values()):
+            self.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), self.config.poll_interval)
+            waiting = [tree for tree in self.trees.values() if tree.waiting]
+            if waiting and time.monotonic() - self.last_poll >= self.config.poll_interval:
+                self.last_poll = time.monotonic()
+                await self._poll(waiting)
+
+    async def _poll(self, waiting: list[_Tree]) -> None:
+        """Trees that wait on the service: claim leased instructions, else look at their status and close
+        those nothing can finish any more. An unreachable service is tried again at the next poll."""
+        try:
+            await self._poll_service(waiting)
+        except TraceError as error:
+            logger.warning("polling the service failed, trying again: %s", error)
+
+    async def _poll_service(self, waiting: list[_Tree]) -> None:
+        claimed = await self.client.claim_instructions(self.allocation.job, MAX_CLAIM)
+        for instruction in claimed.instructions:
+            self._start_instruction(instruction)
+        for tree in waiting:
+            if not tree.waiting:
+                continue  # a claimed instruction gave it work
+            if tree.broken:
+                await self._close(tree)
+                continue
+            now = time.monotonic()
+            if now < tree.next_check:
+                continue
+            status = (await self.client.get_tree(tree.tree_id)).status
+            if status in (TreeStatus.COMPLETE, TreeStatus.CLOSED):
+                self._finish(tree)
+            elif status is TreeStatus.COLLECTING:
+                await self._close(tree)  # its bare rollouts all ended here, yet not all were scored
+            else:  # expanding: a decision or a leased instruction is pending elsewhere
+                tree.check_pause = min(
+                    max(2 * tree.check_pause, self.config.poll_interval), _MAX_CHECK_SECONDS
+                )
+                tree.next_check = now + tree.check_pause
+
+    async def _close(self, tree: _Tree) -> None:
+        logger.warning("closing tree %s: nothing can finish it", tree.tree_id)
+        await self.client.close_tree(tree.tree_id)
+        self._finish(tree)
+
+    def _finish(self, tree: _Tree) -> None:
+        tree.finished = True
+        self.changed.set()
+
+    async def _stop_rollouts(self) -> None:
+        tasks = list(self.tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _collect(self) -> dict[str, TreeResponse]:
+        """Every tree as the service exports it; open trees (after the deadline) are closed first."""
+        gate = asyncio.Semaphore(_FETCH_CONCURRENCY)
+
+        async def export(tree: _Tree) -> TreeResponse:
+            async with gate:
+                if tree.finished:
+                    return await self.client.get_tree(tree.tree_id)
+                tree.finished = True
+                return await self.client.close_tree(tree.tree_id)
+
+        trees = list(self.trees.values())
+        exported = await asyncio.gather(*(export(tree) for tree in trees))
+        return {tree.tree_id: response for tree, response in zip(trees, exported, strict=True)}
+
+    # --- rollouts ----------------------------------------------------------------------------------
+
+    def _spawn(self, tree: _Tree, start: History, parent_id: str | None, instruction_id: str | None) -> None:
+        tree.running += 1
+        task = asyncio.create_task(self._rollout(tree, start, parent_id, instruction_id))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _rollout(
+        self, tree: _Tree, start: History, parent_id: str | None, instruction_id: str | None
+    ) -> None:
+        try:
+            async with self.slots:
+                ended = await self._turns(tree, start, parent_id, instruction_id)
+            if ended:
+                if instruction_id is None:
+                    self.bare_finished += 1
+                else:
+                    self.continuations_finished += 1
+        finally:
+            tree.running -= 1
+            self.changed.set()
+
+    async def _turns(
+        self, tree: _Tree, history: History, parent_id: str | None, instruction_id: str | None
+    ) -> bool:
+        """Run one rollout from `history` to its leaf; True once its leaf (or failure leaf) is reported."""
+        parent, instruction = parent_id, instruction_id
+        try:
+            while not tree.finished:
+                if history.depth >= self.config.max_turns:
+                    raise RuntimeError(f"the rollout did not end within max_turns={self.config.max_turns}")
+                turn = await self._call(self.driver.next_turn, history)
+                if not isinstance(turn, TurnResult):
+                    raise TypeError(f"next_turn returned {type(turn).__name__}, not a TurnResult")
+                if turn.done and turn.reward is None:
+                    turn = replace(turn, reward=await self._score(history.then(turn)))
+                history = history.then(turn)
+                parent = self._report(tree, parent, instruction, turn, history)
+                instruction = None
+                if turn.done:
+                    return True
+            return False
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            if tree.finished:
+                return False
+            self._report_failure(tree, parent, instruction, error)
+            return True
+
+    async def _call(self, function: Callable[[History], T | Awaitable[T]], history: History) -> T:
+        async def call() -> T:
+            if self.config.threaded and not inspect.iscoroutinefunction(function):
+                value = await asyncio.to_thread(function, history)
+            else:
+                value = function(history)
+            if inspect.isawaitable(value):
+                return await value
+            return value
+
+        if self.config.turn_timeout is None:
+            return await call()
+        return await asyncio.wait_for(call(), self.config.turn_timeout)
+
+    async def _score(self, history: History) -> float:
+        if self.driver.score is None:
+            raise ValueError("the final turn carries no reward and the driver was given no score callable")
+        reward = await self._call(self.driver.score, history)
+        if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
+            raise ValueError(f"score returned {reward!r}, not a finite number")
+        return float(reward)
+
+    def _report(
+        self,
+        tree: _Tree,
+        parent_id: str | None,
+        instruction_id: str | None,
+        turn: TurnResult,
+        history: History,
+    ) -> str:
+        node_id = self._new_node(tree)
+        event = ExpandEvent(
+            event_id=f"{tree.tree_id}:{node_id}",
+            tree_id=tree.tree_id,
+            node_id=node_id,
+            parent_id=parent_id,
+            text=turn.text,
+            features=None if turn.features is None else [float(x) for x in turn.features],
+            done=turn.done,
+            reward=turn.reward,
+            instruction_id=instruction_id,
+        )
+        tree.histories[node_id] = history
+        tree.turns[node_id] = turn
+        self._send(tree, event)
+        return node_id
+
+    def _report_failure(
+        self, tree: _Tree, parent_id: str | None, instruction_id: str | None, error: Exception
+    ) -> None:
+        message = f"{type(error).__name__}: {error}"[:_FAILURE_TEXT_CHARS]
+        logger.warning("rollout in tree %s failed: %s", tree.tree_id, message)
+        node_id = self._new_node(tree)
+        tree.failures[node_id] = message
+        self.failed += 1
+        self._send(
+            tree,
+            ExpandEvent(
+                event_id=f"{tree.tree_id}:{node_id}",
+                tree_id=tree.tree_id,
+                node_id=node_id,
+                parent_id=parent_id,
+                text=f"[rollout failed] {message}",
+                done=True,
+                reward=self.config.failure_reward,
+                instruction_id=instruction_id,
+            ),
+        )
+
+    def _new_node(self, tree: _Tree) -> str:
+        tree.nodes_made += 1
+        return f"{self.nonce}-{tree.nodes_made}"
+
+    def _send(self, tree: _Tree, event: ExpandEvent) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self.owners[event.event_id] = task
+        tree.unacknowledged += 1
+        self.reporter.add(event)
+
+    # --- answers from the service ------------------------------------------------------------------
+
+    def _on_answer(self, batch: list[ExpandEvent], response: ExpandResponse) -> None:
+        rejected = {item.event_id: item for item in response.rejected}
+        for event in batch:
+            owner = self._acknowledge(event)
+            item = rejected.get(event.event_id)
+            if item is None:
+                self.turns_reported += 1
+            else:
+                self._reject(event, item, owner)
+        for instruction in response.instructions:
+            self._start_instruction(instruction)
+        for tree_id in response.completed:
+            if tree_id in self.trees:
+                self._finish(self.trees[tree_id])
+        self.changed.set()
+
+    def _on_refused(self, batch: list[ExpandEvent], error: TraceError) -> None:
+        status = error.status if isinstance(error, TraceAPIError) else 400
+        logger.error("the service refused %d turns: %s", len(batch), error)
+        for event in batch:
+            owner = self._acknowledge(event)
+            self._reject(
+                event, RejectedEvent(event_id=event.event_id, status=status, error=str(error)), owner
+            )
+        self.changed.set()
+
+    def _acknowledge(self, event: ExpandEvent) -> asyncio.Task[object] | None:
+        """Count the event as answered; returns the rollout that made it."""
+        tree = self.trees.get(event.tree_id)
+        if tree is not None:
+            tree.unacknowledged -= 1
+        return self.owners.pop(event.event_id, None)
+
+    def _reject(self, event: ExpandEvent, item: RejectedEvent, owner: asyncio.Task[object] | None) -> None:
+        """The rollout that made a rejected event cannot go on (its next turns would be orphans)."""
+        self.rejected.append(item)
+        if owner is not None:
+            owner.cancel()
+        tree = self.trees.get(event.tree_id)
+        if tree is None:
+            return
+        if item.status == _TREE_FINISHED:
+            self._finish(tree)
+        elif not (event.instruction_id is not None and item.status == _STARTED_ELSEWHERE):
+            tree.broken = True
+
+    def _start_instruction(self, instruction: Instruction) -> None:
+        """Start an instruction's continuations once, from the exact history that ends at its node."""
+        tree = self.trees.get(instruction.tree_id)
+        if tree is None or tree.finished or instruction.instruction_id in tree.instructions:
+            return  # another worker's tree (left to its lease), or already started here
+        start = tree.histories.get(instruction.node_id)
+        if start is None:
+            logger.warning(
+                "instruction %s branches from node %s, which this driver did not run",
+                instruction.instruction_id,
+                instruction.node_id,
+            )
+            return
+        tree.instructions.add(instruction.instruction_id)
+        self.instructions.append(instruction)
+        self.continuations += instruction.count
+        for _ in range(instruction.count):
+            self._spawn(tree, start, instruction.node_id, instruction.instruction_id)
+
+    # --- progress ----------------------------------------------------------------------------------
+
+    def _progress(self) -> Progress:
+        return Progress(
+            step=self.allocation.step,
+            trees=len(self.trees),
+            trees_finished=sum(tree.finished for tree in self.trees.values()),
+            bare_rollouts=sum(tree.allocation.rollouts for tree in self.trees.values()),
+            bare_finished=self.bare_finished,
+            continuations=self.continuations,
+            continuations_finished=self.continuations_finished,
+            failed=self.failed,
+            turns_reported=self.turns_reported,
+            elapsed=time.monotonic() - self.started,
+        )
+
+    async def _report_progress(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.progress_interval)
+            self._publish(self._progress(), final=False)
+
+    def _publish(self, progress: Progress, *, final: bool) -> None:
+        if self.driver.on_progress is not None:
+            self.driver.on_progress(progress)
+        if self.config.progress:
+            sys.stderr.write(f"\r{progress.line()}" + ("\n" if final else ""))
+            sys.stderr.flush()
+
+
+async def _cancel(*tasks: asyncio.Task[None]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
