@@ -108,6 +108,13 @@ def test_prompts_near_one_half_are_preferred() -> None:
     assert result.counts.tolist() == [0, 2, 0, 2]
 
 
+def test_equal_value_goes_to_more_prompts() -> None:
+    # V(3) = 3·V(2)/2: three groups of two and two groups of three expect the same mixed groups.
+    result = allocate_roots(np.full(4, 0.5), 6)
+    assert result.counts.tolist() == [2, 2, 2, 0]
+    assert allocate_roots(np.full(4, 0.5), 8).counts.tolist() == [2, 2, 2, 2]
+
+
 def test_deterministic_tie_breaking_favours_earlier_prompts() -> None:
     result = allocate_roots(np.full(5, 0.3), 6)
     assert result.counts.tolist() == [2, 2, 2, 0, 0]

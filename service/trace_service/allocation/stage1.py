@@ -20,7 +20,8 @@ Two solvers share this objective:
   ``F(k)`` for that value, the greedy on the concave envelope (blocks spread over their units) leaves at
   most one block half-filled, and the optimum is ``F(k_G)`` or ``F(k_G + 1)`` around the envelope's
   number of full blocks ``k_G``: dropping the half-filled block and spending its units on the next best
-single units, or completing it with the least valuable single units taken.
+single units, or completing it with the least valuable single units taken.  Among allocations of equal
+value the solver prefers the one with more active prompts (breadth first), then earlier prompts.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ import numpy as np
 import numpy.typing as npt
 
 from trace_service.allocation._validate import FloatArray, IntArray, non_negative_int, probabilities
+
+#: At equal gain (V(3) = 3·V(2)/2 always), activating one more prompt goes before another rollout for an
+#: active one: the same expected mixed groups over more distinct prompts.  Values are never changed by
+#: more than this factor, far inside the solver's exactness.
+_BREADTH_FIRST = 1.0 - 1e-12
 
 #: Extras columns materialised first by the production solver (doubled while the threshold needs more).
 _FIRST_COLUMNS = 24
@@ -171,7 +177,7 @@ def allocate_roots(
             counts_b = np.append(lo + counts_b, lo)
             gain_a = float((w[eligible[:k_full]] * root_value(p[:k_full], counts_a)).sum())
             gain_b = float((w[eligible[: k_full + 1]] * root_value(p[: k_full + 1], counts_b)).sum())
-            if gain_b > gain_a * (1.0 + 1e-12):
+            if gain_b >= gain_a * _BREADTH_FIRST:
                 best = counts_b
     counts[eligible[: best.size]] = best
     value = float((w * root_value(probs, counts)).sum())
@@ -193,6 +199,7 @@ def _envelope(p: FloatArray, w: FloatArray, block: FloatArray, lo: int, columns:
     extras *= (w * p * (1.0 - p))[:, None]
     # Mathematically Δ_lo ≤ V(lo)/lo; clamp float noise so a block always precedes its extras.
     np.minimum(extras, envelope[:, :1], out=extras)
+    extras *= _BREADTH_FIRST
     return envelope
 
 
