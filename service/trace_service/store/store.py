@@ -33,10 +33,12 @@ from trace_service.store.records import (
 )
 
 RedisClient = Redis | RedisCluster
+#: Trees one create_trees.lua call makes on a single Redis node (bounds the script's run time).
+_TREES_PER_CREATE = 512
 #: Script calls in flight at once when a Cluster cannot pipeline them.
 _CLUSTER_FANOUT = 64
 _SCRIPTS = (
-    "create_tree",
+    "create_trees",
     "apply_events",
     "commit_decision",
     "take_over_decision",
@@ -117,17 +119,20 @@ class TreeStore:
 
     async def create_trees(self, trees: Sequence[NewTree], now: float) -> None:
         """Create the trees (each atomically with its expiry; creating an existing tree changes nothing).
-        They are not listed anywhere until :meth:`index_allocation`."""
-        await self._run_many(
-            [
-                (
-                    "create_tree",
-                    [self.keys.tree(tree.tree_id).meta],
-                    [self.tree_ttl, *(item for pair in tree.to_hash(now).items() for item in pair)],
-                )
-                for tree in trees
-            ]
-        )
+        They are not listed anywhere until :meth:`index_allocation`.  On one Redis node a chunk of trees
+        is one script call (thousands of small calls cost most of /v1/allocate); a Cluster gets one call
+        per tree, since a script's keys must share a slot there."""
+        rows = [(self.keys.tree(tree.tree_id).meta, tree.to_hash(now)) for tree in trees]
+        if not rows:
+            return
+        width = len(rows[0][1])
+        chunk = 1 if isinstance(self.redis, RedisCluster) else _TREES_PER_CREATE
+        calls = []
+        for start in range(0, len(rows), chunk):
+            part = rows[start : start + chunk]
+            values = [item for _, fields in part for pair in fields.items() for item in pair]
+            calls.append(("create_trees", [key for key, _ in part], [self.tree_ttl, width, *values]))
+        await self._run_many(calls)
 
     async def index_allocation(
         self, job: str, step: int, allocation_id: str, prompts: int, tree_ids: Sequence[str], now: float
