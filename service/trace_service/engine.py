@@ -289,7 +289,26 @@ class Engine:
             )
         elif batch.completed:
             await self._on_completed(tree_id)
+        elif batch.status == "expanding" and _resent_rollout_ends(events, codes):
+            instructions = await self._reoffer(job, tree_id)
         return codes, instructions, completed
+
+    async def _reoffer(self, job: str, tree_id: str) -> list[Instruction]:
+        """A worker resending rollout ends it already reported most likely lost the answer that carried
+        the tree's instructions: give it the unstarted ones again, leased to it.  The store still caps
+        each instruction's continuations, so a second taker can never over-spend."""
+        tree = await self.store.load_tree(tree_id)
+        if tree is None:
+            return []
+        unstarted = [i for i in tree.instructions.values() if i.unstarted > 0 and i.round == tree.meta.round]
+        lease_until = self.clock() + self.settings.lease_seconds
+        await self.store.queue_instructions(job, tree_id, {i.instruction_id: lease_until for i in unstarted})
+        return [
+            Instruction(
+                instruction_id=i.instruction_id, tree_id=tree_id, node_id=i.node_id, count=i.unstarted
+            )
+            for i in unstarted
+        ]
 
     async def decide(
         self, tree_id: str, round_: int, token: str, *, inline: bool
@@ -504,6 +523,11 @@ class Engine:
             queries.append(Query(encoded, OutcomeCounts(outcomes.successes, outcomes.trials)))
         version, values = await self.predictor.predict(queries)
         return PredictResponse(predictor_version=version, predictions=[float(x) for x in values])
+
+
+def _resent_rollout_ends(events: Sequence[ExpandEvent], codes: Sequence[tuple[int, str]]) -> bool:
+    """Every event was a duplicate and at least one ended a rollout: a retry of an answered request."""
+    return all(code == 208 for code, _ in codes) and any(event.done for event in events)
 
 
 def parents_first(events: Sequence[ExpandEvent], indices: list[int]) -> list[int]:

@@ -144,3 +144,22 @@ def test_a_bad_event_does_not_stop_the_others(service: LiveService) -> None:
         assert raw.status_code == 200
         assert answer["accepted"] == 1
         assert {r["event_id"]: r["status"] for r in answer["rejected"]} == {"bad": 422, "events[2]": 422}
+
+
+def test_a_worker_that_lost_the_answer_gets_its_instructions_again(service: LiveService) -> None:
+    with TraceClient(service.url) as client:
+        allocation = client.allocate(
+            AllocateRequest(step=0, budget=2, expansion=2.0, prompts=[PromptIn(prompt_id="p")])
+        )
+        tree = allocation.trees[0]
+        bare = [e for j in range(tree.rollouts) for e in rollout(tree.tree_id, None, 2, float(j))]
+        first = client.expand(bare).instructions  # suppose this answer never reached the worker
+        again = client.expand(bare)
+        assert again.duplicates == len(bare)
+        assert {(i.instruction_id, i.count) for i in again.instructions} == {
+            (i.instruction_id, i.count) for i in first
+        }
+        started = first[0]
+        client.expand([turn(tree.tree_id, started.node_id, instruction=started.instruction_id)])
+        counts = {i.instruction_id: i.count for i in client.expand(bare).instructions}
+        assert counts[started.instruction_id] == started.count - 1  # only what is still unstarted
