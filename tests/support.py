@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import socket
 import subprocess
 import threading
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import uvicorn
 
+from trace_proto import ExpandEvent
 from trace_service.app import create_app
 from trace_service.settings import Settings
 
@@ -105,3 +107,47 @@ def make_settings(store_url: str = "", **overrides: object) -> Settings:
     }
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]
+
+
+_ids = itertools.count()
+
+
+def turn(
+    tree_id: str,
+    parent: str | None,
+    *,
+    done: bool = False,
+    reward: float | None = None,
+    instruction: str | None = None,
+) -> ExpandEvent:
+    n = next(_ids)
+    return ExpandEvent(
+        event_id=f"e{n}",
+        tree_id=tree_id,
+        node_id=f"n{n}",
+        parent_id=parent,
+        text=f"turn {n}",
+        done=done,
+        reward=reward,
+        instruction_id=instruction,
+    )
+
+
+def rollout(
+    tree_id: str, start: str | None, turns: int, reward: float, instruction: str | None = None
+) -> list[ExpandEvent]:
+    """A chain of turns from ``start``; the last one scored."""
+    events = []
+    parent = start
+    for t in range(turns):
+        last = t == turns - 1
+        event = turn(
+            tree_id,
+            parent,
+            done=last,
+            reward=reward if last else None,
+            instruction=instruction if t == 0 else None,
+        )
+        events.append(event)
+        parent = event.node_id
+    return events

@@ -3,7 +3,6 @@ replicas under duplicate/reordered storms, and every key written carries an expi
 
 from __future__ import annotations
 
-import itertools
 import shutil
 import subprocess
 import tempfile
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from support import LiveService, free_port, make_settings, wait_for_port
+from support import LiveService, free_port, make_settings, rollout, wait_for_port
 
 from bench.load import Ledger, LoadConfig, LoadRun, Replicas, export_run
 from trace_client import TraceClient
@@ -94,38 +93,12 @@ def cluster() -> Iterator[RedisClusterNodes]:
             nodes.stop()
 
 
-_counter = itertools.count()
-
-
-def chain(
-    tree_id: str, parent: str | None, turns: int, reward: float, instruction: str | None = None
-) -> list[ExpandEvent]:
-    """One rollout: `turns` turns from `parent`, the last one scored; ids unique over the test."""
-    events = []
-    for t in range(turns):
-        n = next(_counter)
-        events.append(
-            ExpandEvent(
-                event_id=f"e{n}",
-                tree_id=tree_id,
-                node_id=f"n{n}",
-                parent_id=parent,
-                text=f"turn {t}",
-                done=t == turns - 1,
-                reward=reward if t == turns - 1 else None,
-                instruction_id=instruction if t == 0 else None,
-            )
-        )
-        parent = events[-1].node_id
-    return events
-
-
 def continuations(instructions: list[Instruction]) -> list[ExpandEvent]:
     return [
         e
         for i in instructions
         for k in range(i.count)
-        for e in chain(i.tree_id, i.node_id, 2, float(k % 2), i.instruction_id)
+        for e in rollout(i.tree_id, i.node_id, 2, float(k % 2), i.instruction_id)
     ]
 
 
@@ -174,7 +147,7 @@ def test_the_v1_flow_on_a_three_master_cluster(cluster: RedisClusterNodes) -> No
             e
             for tree in allocation.trees
             for j in range(tree.rollouts)
-            for e in chain(tree.tree_id, None, 3, float(j % 2))
+            for e in rollout(tree.tree_id, None, 3, float(j % 2))
         ]
         answer = client.expand(bare)
         assert (answer.accepted, answer.rejected) == (len(bare), [])

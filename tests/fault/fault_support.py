@@ -4,7 +4,6 @@ processes, and a store call that fails once."""
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import uuid
 from typing import Any
 
@@ -13,35 +12,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from support import make_settings
 
 from bench.load import FAULT_TOLERANT_SETTINGS, Audit
-from trace_proto import ExpandEvent
 from trace_service.settings import Settings
 from trace_service.store import RedisClient, TreeStore
-
-_ids = itertools.count()
-
-
-def chain(
-    tree_id: str, parent: str | None, turns: int, reward: float, instruction: str | None = None
-) -> list[ExpandEvent]:
-    """One rollout of `turns` turns from `parent` (None: the prompt), the last one scored `reward`."""
-    events = []
-    for t in range(turns):
-        n = next(_ids)
-        last = t == turns - 1
-        events.append(
-            ExpandEvent(
-                event_id=f"fault-e{n}",
-                tree_id=tree_id,
-                node_id=f"fault-n{n}",
-                parent_id=parent,
-                text=f"turn {t}",
-                done=last,
-                reward=reward if last else None,
-                instruction_id=instruction if t == 0 else None,
-            )
-        )
-        parent = events[-1].node_id
-    return events
 
 
 def new_prefix() -> str:

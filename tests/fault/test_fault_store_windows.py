@@ -14,9 +14,9 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
 import pytest
-from fault_support import chain, fail_once, new_prefix, replica_settings
+from fault_support import fail_once, new_prefix, replica_settings
 from redis.exceptions import ConnectionError as RedisConnectionError
-from support import LiveService, RedisServer
+from support import LiveService, RedisServer, rollout
 
 from trace_client import TraceClient, TraceUnavailable
 from trace_proto import AllocateRequest, ExpandEvent, Instruction, PromptIn, TreeAllocation
@@ -62,7 +62,7 @@ def one_tree(client: TraceClient, job: str, expansion: float = 1.0) -> TreeAlloc
 
 def bare_rollouts(tree: TreeAllocation) -> list[ExpandEvent]:
     """Every bare rollout of the tree, two turns each, one success and one failure."""
-    return [e for j in range(tree.rollouts) for e in chain(tree.tree_id, None, 2, float(j % 2))]
+    return [e for j in range(tree.rollouts) for e in rollout(tree.tree_id, None, 2, float(j % 2))]
 
 
 def eventually(probe: Callable[[], T], done: Callable[[T], bool]) -> T:

@@ -8,8 +8,8 @@ import random
 from collections.abc import Iterator, Sequence
 
 import pytest
-from fault_support import assert_clean, chain, new_prefix, replica_settings
-from support import LiveService, RedisServer
+from fault_support import assert_clean, new_prefix, replica_settings
+from support import LiveService, RedisServer, rollout
 
 from bench.load import UNKNOWN_PARENT, Ledger, LoadConfig, LoadRun, Replicas, export_run
 from trace_client import AsyncTraceClient
@@ -89,7 +89,7 @@ async def test_a_storm_of_copies_takes_effect_exactly_once(replicas: list[LiveSe
             )
         )
         tree = allocation.trees[0]
-        bare = [e for j in range(tree.rollouts) for e in chain(tree.tree_id, None, 3, float(j % 2))]
+        bare = [e for j in range(tree.rollouts) for e in rollout(tree.tree_id, None, 3, float(j % 2))]
         depth = depths(bare, {})
         answers, refused = await storm(clients, bare, depth, seed=1)
         assert refused == set()
@@ -101,7 +101,7 @@ async def test_a_storm_of_copies_takes_effect_exactly_once(replicas: list[LiveSe
 
         # Every continuation promised, plus one more from the first instruction: exactly one never starts.
         starts = [*(i for i in instructions for _ in range(i.count)), instructions[0]]
-        runs = [chain(tree.tree_id, i.node_id, 2, 1.0, i.instruction_id) for i in starts]
+        runs = [rollout(tree.tree_id, i.node_id, 2, 1.0, i.instruction_id) for i in starts]
         flat = [e for run in runs for e in run]
         answers, refused = await storm(clients, flat, depths(flat, depth), seed=2)
         assert len(refused) == 2  # both turns of exactly one continuation

@@ -2,58 +2,14 @@
 
 from __future__ import annotations
 
-import itertools
 import random
 
 import httpx2
 import pytest
-from support import LiveService
+from support import LiveService, rollout, turn
 
 from trace_client import TraceClient
-from trace_proto import AllocateRequest, ExpandEvent, ExpandResponse, Instruction, PromptIn
-
-_ids = itertools.count()
-
-
-def turn(
-    tree_id: str,
-    parent: str | None,
-    *,
-    done: bool = False,
-    reward: float | None = None,
-    instruction: str | None = None,
-) -> ExpandEvent:
-    n = next(_ids)
-    return ExpandEvent(
-        event_id=f"e{n}",
-        tree_id=tree_id,
-        node_id=f"n{n}",
-        parent_id=parent,
-        text=f"turn {n}",
-        done=done,
-        reward=reward,
-        instruction_id=instruction,
-    )
-
-
-def rollout(
-    tree_id: str, start: str | None, turns: int, reward: float, instruction: str | None = None
-) -> list[ExpandEvent]:
-    """A chain of turns from ``start``; the last one scored."""
-    events = []
-    parent = start
-    for t in range(turns):
-        last = t == turns - 1
-        event = turn(
-            tree_id,
-            parent,
-            done=last,
-            reward=reward if last else None,
-            instruction=instruction if t == 0 else None,
-        )
-        events.append(event)
-        parent = event.node_id
-    return events
+from trace_proto import AllocateRequest, ExpandResponse, Instruction, PromptIn
 
 
 def run_continuations(client: TraceClient, instructions: list[Instruction], reward: float) -> ExpandResponse:

@@ -6,8 +6,7 @@ import asyncio
 
 import httpx2
 import pytest
-from support import LiveService, RedisServer, make_settings
-from test_api_flow import rollout, turn
+from support import LiveService, RedisServer, make_settings, rollout, turn
 
 from trace_client import AsyncTraceClient, TraceClient
 from trace_proto import AllocateRequest, PromptIn
