@@ -34,21 +34,16 @@ local counters = {
 }
 local node_cache, instr_cache = {}, {}
 
-local function load_node(id)
-  if node_cache[id] == nil then
-    local v = redis.call('HGET', nodes_key, id)
-    node_cache[id] = v and cjson.decode(v) or false
+-- A JSON record of a hash, read once per call (false: absent); later changes go through the cache.
+local function cached(key, cache, id)
+  if cache[id] == nil then
+    local v = redis.call('HGET', key, id)
+    cache[id] = v and cjson.decode(v) or false
   end
-  return node_cache[id]
+  return cache[id]
 end
-
-local function load_instruction(id)
-  if instr_cache[id] == nil then
-    local v = redis.call('HGET', instr_key, id)
-    instr_cache[id] = v and cjson.decode(v) or false
-  end
-  return instr_cache[id]
-end
+local function load_node(id) return cached(nodes_key, node_cache, id) end
+local function load_instruction(id) return cached(instr_key, instr_cache, id) end
 
 for i = 1, #events do
   local e = events[i]
