@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 
 async def _every(
-    seconds: float, work: Callable[[], Awaitable[object]], name: str, stop: asyncio.Event
+    seconds: float, work: Callable[[], Awaitable[object]], name: str, stop: asyncio.Event, metrics: Metrics
 ) -> None:
     """Run ``work`` at a fixed interval until ``stop`` is set; a failed round is logged, never fatal.
 
@@ -50,6 +50,7 @@ async def _every(
         try:
             await work()
         except (RedisError, OSError) as error:
+            metrics.store_errors.labels(name).inc()
             logger.warning("%s: store unavailable: %s", name, error)
         except Exception:
             logger.exception("%s failed", name)
@@ -90,8 +91,12 @@ def create_app(settings: Settings | None = None, *, store: TreeStore | None = No
         app.state.engine = engine
         stop = asyncio.Event()
         tasks = [
-            asyncio.create_task(_every(settings.train_interval_seconds, runtime.refresh, "predictor", stop)),
-            asyncio.create_task(_every(settings.sweep_interval_seconds, engine.sweep, "sweeper", stop)),
+            asyncio.create_task(
+                _every(settings.train_interval_seconds, runtime.refresh, "predictor", stop, metrics)
+            ),
+            asyncio.create_task(
+                _every(settings.sweep_interval_seconds, engine.sweep, "sweeper", stop, metrics)
+            ),
         ]
         try:
             yield
@@ -111,6 +116,7 @@ def create_app(settings: Settings | None = None, *, store: TreeStore | None = No
     )
     app.state.settings = settings
     app.state.registry = registry
+    app.state.metrics = metrics
     for router in (allocate.router, expand.router, trees.router, predictor.router, health.router):
         app.include_router(router)
     install_error_handlers(app)

@@ -72,6 +72,8 @@ def install_error_handlers(app: FastAPI) -> None:
         return problem(request_id_of(request), 422, str(exc))
 
     async def on_store_error(request: Request, exc: Exception) -> JSONResponse:
+        route = getattr(request.scope.get("route"), "path", "unmatched")
+        request.app.state.metrics.store_errors.labels(route).inc()
         logger.warning("store unavailable: %s", exc)
         return problem(
             request_id_of(request),

@@ -149,6 +149,9 @@ def test_redis_down_gives_clear_errors_and_recovers(redis_server: RedisServer) -
             assert "unavailable" in answer.json()["detail"]
             assert httpx2.get(f"{live.url}/readyz").status_code == 503
             assert httpx2.get(f"{live.url}/healthz").status_code == 200
+            exposition = httpx2.get(f"{live.url}/metrics").text
+            assert 'trace_store_errors_total{operation="/v1/expand"} 1.0' in exposition
+            assert "trace_store_up 0.0" in exposition
         finally:
             redis_server.start()
         response = client.expand([*first, *rollout(tree_id, None, 2, 0.0)])
