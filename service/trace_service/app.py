@@ -12,7 +12,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, start_http_server
 from redis.exceptions import RedisError
 
 from trace_proto import API_VERSION, ExpandRequest
@@ -89,6 +89,9 @@ def create_app(settings: Settings | None = None, *, store: TreeStore | None = No
             await runtime.refresh(train=False)  # start from the newest published weights
         engine = Engine(tree_store, runtime, settings, metrics)
         app.state.engine = engine
+        metrics_server = (
+            start_http_server(settings.metrics_port, registry=registry)[0] if settings.metrics_port else None
+        )
         stop = asyncio.Event()
         tasks = [
             asyncio.create_task(
@@ -107,6 +110,9 @@ def create_app(settings: Settings | None = None, *, store: TreeStore | None = No
             await asyncio.gather(*tasks, return_exceptions=True)
             if store is None:
                 await tree_store.aclose()
+            if metrics_server is not None:
+                metrics_server.shutdown()
+                metrics_server.server_close()
 
     app = FastAPI(
         title="trace-rollout",

@@ -45,6 +45,9 @@ class Settings(BaseSettings):
 
     # Ops
     log_level: str = "INFO"
+    metrics_port: int = Field(
+        default=0, ge=0, le=65535, description="Serve /metrics on this port only; 0: on the main port."
+    )
     sweep_interval_seconds: float = Field(default=5.0, gt=0)
 
     @field_validator("auth_tokens", mode="before")

@@ -6,7 +6,7 @@ import asyncio
 
 import httpx2
 import pytest
-from support import LiveService, RedisServer, make_settings, rollout, turn
+from support import LiveService, RedisServer, free_port, make_settings, rollout, turn
 
 from trace_client import AsyncTraceClient, TraceClient
 from trace_proto import AllocateRequest, PromptIn
@@ -174,3 +174,11 @@ def test_auth_body_limit_and_request_ids(store_url: str) -> None:
         too_big = httpx2.post(f"{live.url}/v1/allocate", json=big, headers={"Authorization": "Bearer s3cret"})
         assert too_big.status_code == 413
         assert too_big.headers["content-type"].startswith("application/problem+json")
+
+
+@pytest.mark.parametrize("store_url", ["embedded"], indirect=True)
+def test_metrics_can_live_on_their_own_port(store_url: str) -> None:
+    port = free_port()
+    with LiveService(make_settings(store_url, metrics_port=port)) as live:
+        assert httpx2.get(f"{live.url}/metrics").status_code == 404
+        assert "trace_expand_events_total" in httpx2.get(f"http://127.0.0.1:{port}/metrics").text

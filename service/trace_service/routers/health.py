@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
@@ -32,4 +32,7 @@ async def readyz(engine: EngineDep) -> JSONResponse:
 
 @router.get(paths.METRICS, include_in_schema=False)
 async def metrics(request: Request) -> Response:
+    port = request.app.state.settings.metrics_port
+    if port:  # kept off the port trainers reach
+        raise HTTPException(404, f"metrics are served on port {port}")
     return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)
