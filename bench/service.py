@@ -18,7 +18,6 @@ import itertools
 import os
 import random
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,11 +27,9 @@ from pathlib import Path
 
 import httpx2
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from bench.load import free_port, percentile
 
 
 def wait_until_ready(url: str, timeout: float = 60.0) -> None:
@@ -51,11 +48,6 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU time a process has used so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 WORDS = [f"w{i}" for i in range(5000)]
