@@ -51,7 +51,7 @@ from trace_service.predictor import OutcomeCounts, Query
 from trace_service.runtime import PredictorRuntime
 from trace_service.settings import Settings
 from trace_service.store import NewTree, StoredTree, TreeStore
-from trace_service.tree import advantages, prefix_candidates, tree_targets
+from trace_service.tree import advantages, prefix_candidates
 
 logger = logging.getLogger(__name__)
 
@@ -372,17 +372,13 @@ class Engine:
         meta = tree.meta
         shares = round_budgets(meta.expansion_budget, meta.rounds)
         share = max(sum(shares[:round_]) - meta.promised - meta.returned, 0)
-        index = {node.node_id: i for i, node in enumerate(tree.nodes)}
-        parent = [index[n.parent_id] if n.parent_id else -1 for n in tree.nodes]
-        reward = [n.reward if n.done and n.reward is not None else np.nan for n in tree.nodes]
-        targets = tree_targets(parent, reward, success_threshold=self.settings.success_threshold)
-        candidates = prefix_candidates(targets)
+        candidates = prefix_candidates(tree.targets(self.settings.success_threshold))
         node_ids = [tree.nodes[i].node_id for i in candidates.nodes]
         if not node_ids or share == 0:
             return np.zeros(len(node_ids), dtype=np.int64), node_ids, {}, 0, share
         policy = Policy(meta.policy)
         if policy in _TRACE_PREFIXES:
-            encoded = self.predictor.encode_tree(tree)
+            _, encoded = self.predictor.encode_tree(tree)
             outcomes = OutcomeCounts(*meta.prior_outcomes)
             _, p = await self.predictor.predict([Query(encoded[node_id], outcomes) for node_id in node_ids])
             expansion = expand_prefixes(
@@ -552,11 +548,8 @@ def parents_first(events: Sequence[ExpandEvent], indices: list[int]) -> list[int
 def export_tree(tree: StoredTree, success_threshold: float) -> TreeResponse:
     """The tree as trainers consume it: per node visits, successes, V̂, Ṽ at decision time, advantage."""
     meta = tree.meta
-    index = {node.node_id: i for i, node in enumerate(tree.nodes)}
-    parent = [index[n.parent_id] if n.parent_id else -1 for n in tree.nodes]
-    reward = [n.reward if n.done and n.reward is not None else np.nan for n in tree.nodes]
-    targets = tree_targets(parent, reward, success_threshold=success_threshold)
-    advantage = advantages(parent, targets)
+    targets = tree.targets(success_threshold)
+    advantage = advantages(tree.parent_indices(), targets)
 
     def defined(value: float) -> float | None:
         return None if np.isnan(value) else float(value)

@@ -30,7 +30,6 @@ from trace_service.predictor import (
     TrainingExample,
 )
 from trace_service.store import StoredTree, TreeStore
-from trace_service.tree import tree_targets
 
 logger = logging.getLogger(__name__)
 
@@ -67,27 +66,23 @@ class PredictorRuntime:
             return self.predictor.version, np.zeros(0)
         return await asyncio.to_thread(self.predictor.predict_versioned, list(queries))
 
-    def encode_tree(self, tree: StoredTree) -> dict[str, EncodedHistory]:
-        """Encode every node's history, each turn once (parents come before children)."""
+    def encode_tree(self, tree: StoredTree) -> tuple[EncodedHistory, dict[str, EncodedHistory]]:
+        """Encode the prompt and every node's history, each turn once (parents come before children)."""
         meta = tree.meta
         root = self.featurizer.encode_prompt(meta.prompt_id, meta.prompt_text, meta.prompt_features)
         encoded: dict[str, EncodedHistory] = {}
         for node in tree.nodes:
             parent = encoded[node.parent_id] if node.parent_id else root
             encoded[node.node_id] = self.featurizer.extend(parent, node.text, node.features)
-        return encoded
+        return root, encoded
 
     def examples(self, tree: StoredTree) -> list[TrainingExample]:
         """Training examples from a finished tree: every node with a scored leaf below, and the root."""
         if not tree.nodes:
             return []
-        index = {node.node_id: i for i, node in enumerate(tree.nodes)}
-        parent = [index[n.parent_id] if n.parent_id else -1 for n in tree.nodes]
-        reward = [n.reward if n.done and n.reward is not None else np.nan for n in tree.nodes]
-        targets = tree_targets(parent, reward, success_threshold=self.success_threshold)
-        meta = tree.meta
-        outcomes = OutcomeCounts(*meta.prior_outcomes)
-        encoded = self.encode_tree(tree)
+        targets = tree.targets(self.success_threshold)
+        outcomes = OutcomeCounts(*tree.meta.prior_outcomes)
+        root, encoded = self.encode_tree(tree)
         examples = [
             TrainingExample(
                 encoded[node.node_id], float(targets.value[i]), float(targets.visits[i]), outcomes
@@ -96,7 +91,6 @@ class PredictorRuntime:
             if targets.visits[i] > 0
         ]
         if targets.root_visits:
-            root = self.featurizer.encode_prompt(meta.prompt_id, meta.prompt_text, meta.prompt_features)
             examples.append(TrainingExample(root, targets.root_value, float(targets.root_visits), outcomes))
         return examples
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from trace_service.tree import ROOT, TreeTargets, tree_targets
 
 
 @dataclass(frozen=True)
@@ -191,6 +194,16 @@ class StoredTree:
     nodes: list[StoredNode]
     instructions: dict[str, StoredInstruction] = field(default_factory=dict)
     predictions: dict[str, float] = field(default_factory=dict)
+
+    def parent_indices(self) -> list[int]:
+        """Each node's parent as an index into ``nodes`` (``ROOT`` for a turn that starts from the prompt)."""
+        index = {node.node_id: i for i, node in enumerate(self.nodes)}
+        return [index[node.parent_id] if node.parent_id else ROOT for node in self.nodes]
+
+    def targets(self, success_threshold: float) -> TreeTargets:
+        """Visits, successes and recursive values V̂ of every node (``trace_service.tree``)."""
+        rewards = [node.reward if node.done and node.reward is not None else math.nan for node in self.nodes]
+        return tree_targets(self.parent_indices(), rewards, success_threshold=success_threshold)
 
 
 @dataclass(frozen=True)
