@@ -47,7 +47,7 @@ from trace_service.allocation import (
     uniform_roots,
 )
 from trace_service.metrics import Metrics
-from trace_service.predictor import OutcomeCounts, Query
+from trace_service.predictor import OutcomeCounts, Query, Turn
 from trace_service.runtime import PredictorRuntime
 from trace_service.settings import Settings
 from trace_service.store import NewTree, StoredTree, TreeStore
@@ -137,13 +137,12 @@ class Engine:
     async def _decide_roots(self, request: AllocateRequest) -> tuple[AllocateResponse, list[NewTree]]:
         prompts = request.prompts
         history = await self.store.prompt_outcomes(request.job, [p.prompt_id for p in prompts])
-        featurizer = self.predictor.featurizer
+        encoded = self.predictor.featurizer.encode_prompts(
+            [(p.prompt_id, p.text or "", p.features) for p in prompts]
+        )
         queries = [
-            Query(
-                featurizer.encode_prompt(p.prompt_id, p.text or "", p.features),
-                OutcomeCounts(h.successes, h.trials),
-            )
-            for p, h in zip(prompts, history, strict=True)
+            Query(root, OutcomeCounts(h.successes, h.trials))
+            for root, h in zip(encoded, history, strict=True)
         ]
         version, v = await self.predictor.predict(queries)
         counts = self._root_counts(request, v, np.array([h.zero_variance_streak for h in history]))
@@ -511,12 +510,18 @@ class Engine:
     async def predict(self, job: str, histories: Sequence[HistoryIn]) -> PredictResponse:
         history = await self.store.prompt_outcomes(job, [h.prompt_id for h in histories])
         featurizer = self.predictor.featurizer
-        queries = []
-        for h, outcomes in zip(histories, history, strict=True):
-            encoded = featurizer.encode_prompt(h.prompt_id, h.prompt_text or "", h.prompt_features)
-            for turn in h.turns:
-                encoded = featurizer.extend(encoded, turn.text or "", turn.features)
-            queries.append(Query(encoded, OutcomeCounts(outcomes.successes, outcomes.trials)))
+        queries = [
+            Query(
+                featurizer.encode(
+                    h.prompt_id,
+                    h.prompt_text or "",
+                    h.prompt_features,
+                    [Turn(turn.text or "", turn.features) for turn in h.turns],
+                ),
+                OutcomeCounts(outcomes.successes, outcomes.trials),
+            )
+            for h, outcomes in zip(histories, history, strict=True)
+        ]
         version, values = await self.predictor.predict(queries)
         return PredictResponse(predictor_version=version, predictions=[float(x) for x in values])
 

@@ -28,6 +28,7 @@ from trace_service.predictor import (
     Query,
     SuccessPredictor,
     TrainingExample,
+    Turn,
 )
 from trace_service.store import StoredTree, TreeStore
 
@@ -67,14 +68,16 @@ class PredictorRuntime:
         return await asyncio.to_thread(self.predictor.predict_versioned, list(queries))
 
     def encode_tree(self, tree: StoredTree) -> tuple[EncodedHistory, dict[str, EncodedHistory]]:
-        """Encode the prompt and every node's history, each turn once (parents come before children)."""
+        """Encode the prompt and every node's history in one pass (nodes are stored parents first)."""
         meta = tree.meta
-        root = self.featurizer.encode_prompt(meta.prompt_id, meta.prompt_text, meta.prompt_features)
-        encoded: dict[str, EncodedHistory] = {}
-        for node in tree.nodes:
-            parent = encoded[node.parent_id] if node.parent_id else root
-            encoded[node.node_id] = self.featurizer.extend(parent, node.text, node.features)
-        return root, encoded
+        root, encoded = self.featurizer.encode_tree(
+            meta.prompt_id,
+            meta.prompt_text,
+            meta.prompt_features,
+            [Turn(node.text, node.features) for node in tree.nodes],
+            tree.parent_indices(),
+        )
+        return root, {node.node_id: history for node, history in zip(tree.nodes, encoded, strict=True)}
 
     def examples(self, tree: StoredTree) -> list[TrainingExample]:
         """Training examples from a finished tree: every node with a scored leaf below, and the root."""

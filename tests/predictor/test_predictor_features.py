@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import subprocess
@@ -15,34 +14,66 @@ from hypothesis import strategies as st
 
 from trace_service.predictor import EncodedHistory, FeaturizerConfig, HistoryFeaturizer, OutcomeCounts, Turn
 from trace_service.predictor import features as features_module
-from trace_service.predictor.features import word_hash
+from trace_service.predictor.features import word_hashes
 
 SAMPLE_TEXT = "Ünïcode words, numbers 42 and_underscores; repeated repeated words."
 
 
+MASK = (1 << 64) - 1
+
+
+def reference_word_hash(word: str) -> int:
+    """h(w) = fmix64((Σ b_i·R^i mod 2^64) xor L·K) over the UTF-8 bytes of w, with Python integers."""
+    radix, length_mix = (0x100000001B3 * 0x9E37) | 1, 0x9E3779B97F4A7C15
+    data = word.encode("utf-8")
+    value = (sum(byte * pow(radix, i, 1 << 64) for i, byte in enumerate(data)) & MASK) ^ (
+        len(data) * length_mix & MASK
+    )
+    for multiplier in (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53):
+        value = ((value ^ (value >> 33)) * multiplier) & MASK
+    return value ^ (value >> 33)
+
+
 def reference_ids(text: str, num_buckets: int) -> list[int]:
-    """Unigram and bigram buckets in text order, written independently of the featurizer with Python
-    integers: h(w) = BLAKE2b-64(w), h(a, b) = m xor (m >> 29) with m = h(a)·K1 + h(b)·K2 mod 2^64."""
-    k1, k2, mask = 0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, (1 << 64) - 1
-    words = [word.lower() for word in re.findall(r"\w+", text)]
-    hashes = [
-        int.from_bytes(hashlib.blake2b(w.encode("utf-8"), digest_size=8).digest(), "little") for w in words
-    ]
+    """Unigram and bigram buckets in text order, written independently of the featurizer: the words of
+    ``re.findall(r"\\w+", text.lower())``, h(a, b) = m xor (m >> 29) with m = h(a)·K1 + h(b)·K2."""
+    k1, k2 = 0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F
+    hashes = [reference_word_hash(word) for word in re.findall(r"\w+", text.lower())]
     ids: list[int] = []
     for index, hashed in enumerate(hashes):
         if index:
-            mixed = (hashes[index - 1] * k1 + hashed * k2) & mask
+            mixed = (hashes[index - 1] * k1 + hashed * k2) & MASK
             ids.append((mixed ^ (mixed >> 29)) % num_buckets)
         ids.append(hashed % num_buckets)
     return ids
 
 
-def test_token_ids_are_blake2b_buckets_of_unigrams_and_bigrams() -> None:
+def test_token_ids_are_hashed_buckets_of_unigrams_and_bigrams() -> None:
     featurizer = HistoryFeaturizer(FeaturizerConfig(num_buckets=997))
     ids, count = featurizer.token_ids(SAMPLE_TEXT)
     expected = reference_ids(SAMPLE_TEXT, 997)
     assert ids.tolist() == expected
     assert count == len(expected)
+
+
+# ASCII and non-ASCII texts take different paths to their words; both must match the regex.
+TEXTS = st.text(st.characters(codec="ascii"), max_size=120) | st.text(max_size=120)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(TEXTS, max_size=6))
+def test_batched_token_ids_equal_the_reference_text_by_text(texts: list[str]) -> None:
+    featurizer = HistoryFeaturizer(FeaturizerConfig(num_buckets=1 << 20, max_tokens_per_text=1 << 12))
+    batched = featurizer.token_ids_many(texts)
+    assert [ids.tolist() for ids, _ in batched] == [reference_ids(text, 1 << 20) for text in texts]
+    assert [count for _, count in batched] == [len(reference_ids(text, 1 << 20)) for text in texts]
+
+
+def test_word_hashes_match_the_reference_for_any_word_length() -> None:
+    words = ["a", "日本語", "x" * 300, "_", "ß" * 7]
+    data = np.frombuffer("\x00".join(words).encode("utf-8"), dtype=np.uint8)
+    assert word_hashes(data).tolist() == [reference_word_hash(word) for word in words]
+    assert word_hashes(np.zeros(3, dtype=np.uint8)).size == 0
 
 
 def test_bigrams_depend_on_word_order() -> None:
@@ -100,6 +131,36 @@ def test_incremental_encoding_equals_whole_history_encoding_and_leaves_parent_un
         assert encoded.latest_features is not None
         assert encoded.latest_features.tolist() == [3.0, 4.0]
         np.testing.assert_array_equal(encoded.structural_features(), whole.structural_features())
+
+
+def test_tree_encoding_equals_extending_each_node_from_its_parent() -> None:
+    featurizer = HistoryFeaturizer(FeaturizerConfig(num_buckets=4096, feature_dim=1, max_tokens_per_text=6))
+    turns = [Turn("open the door"), Turn("look", [2.0]), Turn("a long turn of many words here"), Turn("")]
+    parents = [-1, 0, 0, 2]
+    root, encoded = featurizer.encode_tree("p", "find the key", [1.0], turns, parents)
+    expected_root = featurizer.encode_prompt("p", "find the key", [1.0])
+    expected: list[EncodedHistory] = []
+    for turn, parent in zip(turns, parents, strict=True):
+        expected.append(
+            featurizer.extend(expected[parent] if parent >= 0 else expected_root, turn.text, turn.features)
+        )
+    for got, want in zip([root, *encoded], [expected_root, *expected], strict=True):
+        assert got.prompt_tokens.tolist() == want.prompt_tokens.tolist()
+        assert [ids.tolist() for ids in got.turn_tokens] == [ids.tolist() for ids in want.turn_tokens]
+        assert got.turn_token_counts == want.turn_token_counts
+        np.testing.assert_array_equal(got.structural_features(), want.structural_features())
+    assert encoded[2].turn_tokens[1].size == 6  # truncated to head and tail inside the batch
+    assert encoded[3].latest_features is None
+    assert encoded[1].latest_features is not None
+
+
+@pytest.mark.parametrize("parents", [[0], [-2], [1]])
+def test_tree_encoding_rejects_parents_that_do_not_come_first(parents: list[int]) -> None:
+    featurizer = HistoryFeaturizer(FeaturizerConfig(num_buckets=64))
+    with pytest.raises(ValueError, match="parents must come first"):
+        featurizer.encode_tree("p", "", None, [Turn("x")], parents)
+    with pytest.raises(ValueError, match="1 turns but 2 parents"):
+        featurizer.encode_tree("p", "", None, [Turn("x")], [-1, 0])
 
 
 def test_extension_shares_parent_arrays_instead_of_copying_them() -> None:
@@ -162,12 +223,6 @@ def test_any_text_yields_ids_within_bucket_range(text: str, max_tokens: int) -> 
     ids, count = featurizer.token_ids(text)
     assert ids.size == (count if count <= max_tokens else 2 * (max_tokens // 2))
     assert np.all((ids >= 0) & (ids < 97))
-
-
-def test_word_hash_is_blake2b() -> None:
-    for word in ["a", "日本語", "x" * 300]:
-        digest = hashlib.blake2b(word.encode("utf-8"), digest_size=8).digest()
-        assert word_hash(word) == int.from_bytes(digest, "little")
 
 
 @pytest.mark.parametrize(

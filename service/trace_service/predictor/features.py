@@ -6,9 +6,11 @@ extended by one turn at a time, so a prefix tree is encoded in time linear in it
     root  = featurizer.encode_prompt(prompt_id, prompt_text, prompt_features)
     child = featurizer.extend(root, turn_text, turn_features)
 
-Text becomes stable hashed word n-grams (lower-cased ``\\w+`` words, unigrams and bigrams, each hashed
-with BLAKE2b into ``num_buckets`` buckets; never Python's per-process salted ``hash``), kept in three
-bags: the prompt, the earlier turns and the latest turn (the latest turn carries most of the progress
+Batches (``encode_prompts``, ``encode_tree``) tokenise all their texts in one vectorised pass.
+
+Text becomes stable hashed word n-grams (lower-cased ``\\w+`` words, unigrams and bigrams, hashed by
+:func:`word_hashes` into ``num_buckets`` buckets; never Python's per-process salted ``hash``), kept in
+three bags: the prompt, the earlier turns and the latest turn (the latest turn carries most of the progress
 signal, so it is not averaged away among the earlier ones). Structural features (depth, text lengths)
 and the client-supplied feature vectors travel next to the bags; the prompt's outcome history across
 training steps is not part of the encoding because it changes between steps: it is supplied with each
@@ -22,12 +24,10 @@ action). Empty text is allowed: it carries no tokens.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
@@ -46,28 +46,66 @@ STRUCTURAL_FEATURE_NAMES: tuple[str, ...] = (
 )
 
 
-# Cached: frequent words recur constantly, and a hit costs a fraction of hashing (about 1 µs).
-@lru_cache(maxsize=1 << 18)
-def word_hash(word: str) -> int:
-    """Stable 64-bit hash of one word: the first 8 bytes of BLAKE2b(word, UTF-8), little-endian.
-    Identical in every process, platform and Python version (never Python's salted ``hash``)."""
-    return int.from_bytes(hashlib.blake2b(word.encode("utf-8"), digest_size=8).digest(), "little")
-
-
 #: Names the token-to-bucket mapping; checkpoints record it, since embeddings are only valid under it.
-TOKEN_HASHING = "blake2b64-words/mix29-bigrams"
+TOKEN_HASHING = "poly64-fmix-words/mix29-bigrams"
 
-# Odd 64-bit constants of the bigram mix (golden-ratio and MurmurHash3 finaliser multipliers).
+# Odd 64-bit constants: the word polynomial's radix, the length mix, the MurmurHash3 finaliser
+# multipliers, and the bigram mix (golden-ratio and MurmurHash3 multipliers).
+_RADIX = np.uint64(0x100000001B3 * 0x9E37 | 1)
+_LENGTH_MIX = np.uint64(0x9E3779B97F4A7C15)
+_FMIX_FIRST = np.uint64(0xFF51AFD7ED558CCD)
+_FMIX_SECOND = np.uint64(0xC4CEB9FE1A85EC53)
 _MIX_FIRST = np.uint64(0x9E3779B97F4A7C15)
 _MIX_SECOND = np.uint64(0xC2B2AE3D27D4EB4F)
+
+# Byte → byte after lower-casing, 0 for a byte that is not part of a word.  ASCII word characters are
+# exactly those of ``\w`` ([0-9A-Za-z_]); bytes >= 0x80 only occur in texts already split into words.
+_WORD_BYTES = np.zeros(256, dtype=np.uint8)
+for _byte in b"0123456789_abcdefghijklmnopqrstuvwxyz":
+    _WORD_BYTES[_byte] = _byte
+for _byte in b"ABCDEFGHIJKLMNOPQRSTUVWXYZ":
+    _WORD_BYTES[_byte] = _byte + 32
+_WORD_BYTES[0x80:] = np.arange(0x80, 0x100, dtype=np.uint8)
+
+
+def _fmix64(values: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """MurmurHash3's 64-bit finaliser (xor-shift-multiply), element-wise mod 2^64."""
+    shift = np.uint64(33)
+    values = values ^ (values >> shift)
+    values = values * _FMIX_FIRST
+    values = values ^ (values >> shift)
+    values = values * _FMIX_SECOND
+    result: npt.NDArray[np.uint64] = values ^ (values >> shift)
+    return result
+
+
+def word_hashes(data: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint64]:
+    """Stable 64-bit hashes of the words of ``data``, a byte array in which words are the maximal runs
+    of non-zero bytes (UTF-8 of lower-cased words).  For a word of bytes b_0 … b_{L-1}:
+
+        h(w) = fmix64( (Σ_i b_i · R^i  mod 2^64)  xor  L · K )
+
+    Identical in every process, platform and Python version (never Python's salted ``hash``), and
+    computed on whole arrays: hashing word by word in Python cost most of /v1/allocate.
+    """
+    is_word = np.concatenate([[False], data != 0, [False]])
+    edges = np.flatnonzero(is_word[1:] != is_word[:-1])
+    starts, lengths = edges[0::2], edges[1::2] - edges[0::2]
+    if starts.size == 0:
+        return np.zeros(0, dtype=np.uint64)
+    word_bytes = data[data != 0].astype(np.uint64)
+    first = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    position = np.arange(word_bytes.size) - np.repeat(first, lengths)
+    powers = np.ones(int(lengths.max()), dtype=np.uint64)  # R^0, R^1, … (products wrap mod 2^64)
+    powers[1:] = np.cumprod(np.full(powers.size - 1, _RADIX, dtype=np.uint64))
+    polynomial = np.add.reduceat(word_bytes * powers[position], first)
+    return _fmix64(polynomial ^ (lengths.astype(np.uint64) * _LENGTH_MIX))
 
 
 def bigram_hashes(first: npt.NDArray[np.uint64], second: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     """Stable, order-sensitive 64-bit hashes of word pairs from their word hashes (arithmetic mod 2^64):
 
-        m = h(a)·K1 + h(b)·K2,   h(a, b) = m xor (m >> 29)
-
-    Computed on whole arrays: hashing each bigram string on its own cost most of /v1/allocate.
+    m = h(a)·K1 + h(b)·K2,   h(a, b) = m xor (m >> 29)
     """
     mixed = first * _MIX_FIRST + second * _MIX_SECOND
     result: npt.NDArray[np.uint64] = mixed ^ (mixed >> np.uint64(29))
@@ -176,66 +214,109 @@ class HistoryFeaturizer:
     def token_ids(self, text: str) -> tuple[TokenIds, int]:
         """Bucket ids of the unigrams and bigrams of ``text`` after truncation, and the number of
         tokens before token truncation."""
-        if not isinstance(text, str):
-            raise ValueError(f"text must be a string, got {type(text).__name__}")
+        return self.token_ids_many([text])[0]
+
+    def token_ids_many(self, texts: Sequence[str]) -> list[tuple[TokenIds, int]]:
+        """:meth:`token_ids` of many texts in one pass over their concatenated bytes.
+
+        ASCII texts (the common case) are split into words by a byte table, other texts by the
+        ``\\w+`` regex; both give the words of ``re.findall(r"\\w+", text.lower())``.
+        """
         max_chars = self.config.max_chars_per_text
-        if len(text) > max_chars:
-            half = max_chars // 2
-            text = text[:half] + " " + text[-half:]
-        words = _WORD.findall(text.lower())
-        unigrams = np.fromiter(map(word_hash, words), dtype=np.uint64, count=len(words))
-        # In text order (w0, w0+w1, w1, w1+w2, ...), so truncation keeps the head and tail of the text.
-        hashes = np.empty(max(2 * len(words) - 1, 0), dtype=np.uint64)
+        pieces: list[bytes] = []
+        for text in texts:
+            if not isinstance(text, str):
+                raise ValueError(f"text must be a string, got {type(text).__name__}")
+            if len(text) > max_chars:
+                half = max_chars // 2
+                text = text[:half] + " " + text[-half:]
+            if text.isascii():
+                pieces.append(text.encode("ascii"))
+            else:
+                pieces.append("\x00".join(_WORD.findall(text.lower())).encode("utf-8"))
+        data = _WORD_BYTES[np.frombuffer(b"\x00".join(pieces), dtype=np.uint8)]
+        unigrams = word_hashes(data)
+        # Words per text: the word starts that fall inside each text's byte range.
+        piece_ends = np.cumsum([len(piece) + 1 for piece in pieces])
+        word_starts = np.flatnonzero((data != 0) & (np.concatenate([[0], data[:-1]]) == 0))
+        word_ends = np.searchsorted(word_starts, piece_ends).tolist()
+        # In text order (w0, w0+w1, w1, w1+w2, ...), so truncation keeps the head and tail of the text;
+        # the bigram joining one text's last word to the next text's first is never part of either.
+        hashes = np.empty(max(2 * unigrams.size - 1, 0), dtype=np.uint64)
         hashes[0::2] = unigrams
         hashes[1::2] = bigram_hashes(unigrams[:-1], unigrams[1:])
-        token_count = hashes.size
-        max_tokens = self.config.max_tokens_per_text
-        if token_count > max_tokens:
-            half = max_tokens // 2
-            hashes = np.concatenate([hashes[:half], hashes[-half:]])
         ids = (hashes % np.uint64(self.config.num_buckets)).astype(np.int64)
         ids.flags.writeable = False
-        return ids, token_count
+        max_tokens, half = self.config.max_tokens_per_text, self.config.max_tokens_per_text // 2
+        result = []
+        first_word = 0
+        for last_word in word_ends:
+            tokens = ids[2 * first_word : max(2 * last_word - 1, 2 * first_word)]
+            count = tokens.size
+            if count > max_tokens:
+                tokens = np.concatenate([tokens[:half], tokens[-half:]])
+                tokens.flags.writeable = False
+            result.append((tokens, count))
+            first_word = last_word
+        return result
 
     def encode_prompt(
         self, prompt_id: str, prompt_text: str = "", prompt_features: Sequence[float] | None = None
     ) -> EncodedHistory:
         """Encoding of a root: the prompt alone (depth 0)."""
-        if not isinstance(prompt_id, str):
-            raise ValueError(f"prompt_id must be a string, got {type(prompt_id).__name__}")
-        ids, count = self.token_ids(prompt_text)
-        return EncodedHistory(
-            prompt_id=prompt_id,
-            prompt_tokens=ids,
-            turn_tokens=(),
-            prompt_token_count=count,
-            turn_token_counts=(),
-            prompt_features=self._feature_vector(prompt_features, "prompt features"),
-            latest_features=None,
-            num_buckets=self.config.num_buckets,
-            feature_dim=self.config.feature_dim,
-            turn_token_total=0,
-        )
+        return self.encode_prompts([(prompt_id, prompt_text, prompt_features)])[0]
+
+    def encode_prompts(
+        self, prompts: Sequence[tuple[str, str, Sequence[float] | None]]
+    ) -> list[EncodedHistory]:
+        """:meth:`encode_prompt` of many ``(prompt_id, text, features)`` at once (one tokenising pass)."""
+        for prompt_id, _, _ in prompts:
+            if not isinstance(prompt_id, str):
+                raise ValueError(f"prompt_id must be a string, got {type(prompt_id).__name__}")
+        tokens = self.token_ids_many([text for _, text, _ in prompts])
+        return [
+            EncodedHistory(
+                prompt_id=prompt_id,
+                prompt_tokens=ids,
+                turn_tokens=(),
+                prompt_token_count=count,
+                turn_token_counts=(),
+                prompt_features=self._feature_vector(features, "prompt features"),
+                latest_features=None,
+                num_buckets=self.config.num_buckets,
+                feature_dim=self.config.feature_dim,
+                turn_token_total=0,
+            )
+            for (prompt_id, _, features), (ids, count) in zip(prompts, tokens, strict=True)
+        ]
 
     def extend(
         self, parent: EncodedHistory, turn_text: str = "", turn_features: Sequence[float] | None = None
     ) -> EncodedHistory:
         """Encoding of ``parent`` followed by one more turn; only the new turn's text is processed."""
         self.check_compatible(parent)
-        ids, count = self.token_ids(turn_text)
-        features = self._feature_vector(turn_features, "turn features")
-        return EncodedHistory(
-            prompt_id=parent.prompt_id,
-            prompt_tokens=parent.prompt_tokens,
-            turn_tokens=(*parent.turn_tokens, ids),
-            prompt_token_count=parent.prompt_token_count,
-            turn_token_counts=(*parent.turn_token_counts, count),
-            prompt_features=parent.prompt_features,
-            latest_features=parent.latest_features if features is None else features,
-            num_buckets=parent.num_buckets,
-            feature_dim=parent.feature_dim,
-            turn_token_total=parent.turn_token_total + count,
-        )
+        return self._child(parent, self.token_ids(turn_text), turn_features)
+
+    def encode_tree(
+        self,
+        prompt_id: str,
+        prompt_text: str,
+        prompt_features: Sequence[float] | None,
+        turns: Sequence[Turn],
+        parents: Sequence[int],
+    ) -> tuple[EncodedHistory, list[EncodedHistory]]:
+        """The root and every turn of a prefix tree in one tokenising pass.  ``parents[i]`` is the index
+        of turn ``i``'s parent turn (earlier in ``turns``), or -1 when it starts from the prompt."""
+        if len(parents) != len(turns):
+            raise ValueError(f"{len(turns)} turns but {len(parents)} parents")
+        root = self.encode_prompt(prompt_id, prompt_text, prompt_features)
+        tokens = self.token_ids_many([turn.text for turn in turns])
+        encoded: list[EncodedHistory] = []
+        for index, (turn, parent, turn_tokens) in enumerate(zip(turns, parents, tokens, strict=True)):
+            if not -1 <= parent < index:
+                raise ValueError(f"turn {index} names parent {parent}: parents must come first")
+            encoded.append(self._child(encoded[parent] if parent >= 0 else root, turn_tokens, turn.features))
+        return root, encoded
 
     def encode(
         self,
@@ -245,10 +326,28 @@ class HistoryFeaturizer:
         turns: Sequence[Turn] = (),
     ) -> EncodedHistory:
         """Encoding of a whole history at once (the same value as encoding the prompt and extending)."""
-        encoded = self.encode_prompt(prompt_id, prompt_text, prompt_features)
-        for turn in turns:
-            encoded = self.extend(encoded, turn.text, turn.features)
-        return encoded
+        root, encoded = self.encode_tree(
+            prompt_id, prompt_text, prompt_features, turns, range(-1, len(turns) - 1)
+        )
+        return encoded[-1] if encoded else root
+
+    def _child(
+        self, parent: EncodedHistory, tokens: tuple[TokenIds, int], features: Sequence[float] | None
+    ) -> EncodedHistory:
+        ids, count = tokens
+        vector = self._feature_vector(features, "turn features")
+        return EncodedHistory(
+            prompt_id=parent.prompt_id,
+            prompt_tokens=parent.prompt_tokens,
+            turn_tokens=(*parent.turn_tokens, ids),
+            prompt_token_count=parent.prompt_token_count,
+            turn_token_counts=(*parent.turn_token_counts, count),
+            prompt_features=parent.prompt_features,
+            latest_features=parent.latest_features if vector is None else vector,
+            num_buckets=parent.num_buckets,
+            feature_dim=parent.feature_dim,
+            turn_token_total=parent.turn_token_total + count,
+        )
 
     def check_compatible(self, encoded: EncodedHistory) -> None:
         """Raise ValueError when ``encoded`` was made under a different bucket count or feature size."""
