@@ -72,7 +72,7 @@ class PredictorRuntime:
         meta = tree.meta
         root, encoded = self.featurizer.encode_tree(
             meta.prompt_id,
-            meta.prompt_text,
+            tree.prompt_text,
             meta.prompt_features,
             [Turn(node.text, node.features) for node in tree.nodes],
             tree.parent_indices(),

@@ -23,12 +23,13 @@ MASK = (1 << 64) - 1
 
 
 def reference_word_hash(word: str) -> int:
-    """h(w) = fmix64((Σ b_i·R^i mod 2^64) xor L·K) over the UTF-8 bytes of w, with Python integers."""
+    """h(w) = fmix64((Σ_j c_j·R^j mod 2^64) xor L·K) over the 8-byte little-endian chunks c_j of w's
+    UTF-8 bytes, with Python integers."""
     radix, length_mix = (0x100000001B3 * 0x9E37) | 1, 0x9E3779B97F4A7C15
     data = word.encode("utf-8")
-    value = (sum(byte * pow(radix, i, 1 << 64) for i, byte in enumerate(data)) & MASK) ^ (
-        len(data) * length_mix & MASK
-    )
+    chunks = [int.from_bytes(data[i : i + 8], "little") for i in range(0, len(data), 8)]
+    value = sum(chunk * pow(radix, j, 1 << 64) for j, chunk in enumerate(chunks)) & MASK
+    value ^= len(data) * length_mix & MASK
     for multiplier in (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53):
         value = ((value ^ (value >> 33)) * multiplier) & MASK
     return value ^ (value >> 33)
@@ -70,10 +71,12 @@ def test_batched_token_ids_equal_the_reference_text_by_text(texts: list[str]) ->
 
 
 def test_word_hashes_match_the_reference_for_any_word_length() -> None:
-    words = ["a", "日本語", "x" * 300, "_", "ß" * 7]
+    words = ["a", "日本語", "x" * 300, "_", "ß" * 7, "exactly8", "sixteen-bytes-ab"]
     data = np.frombuffer("\x00".join(words).encode("utf-8"), dtype=np.uint8)
-    assert word_hashes(data).tolist() == [reference_word_hash(word) for word in words]
-    assert word_hashes(np.zeros(3, dtype=np.uint8)).size == 0
+    hashes, starts = word_hashes(data)
+    assert hashes.tolist() == [reference_word_hash(word) for word in words]
+    assert starts.tolist() == [0, 2, 12, 313, 315, 330, 339]
+    assert word_hashes(np.zeros(3, dtype=np.uint8))[0].size == 0
 
 
 def test_bigrams_depend_on_word_order() -> None:

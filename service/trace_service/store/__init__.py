@@ -11,6 +11,7 @@ from trace_service.store.records import (
     StoredNode,
     StoredTree,
     TreeMeta,
+    TreeProgress,
 )
 from trace_service.store.store import RedisClient, TreeStore
 
@@ -24,6 +25,7 @@ __all__ = [
     "StoredNode",
     "StoredTree",
     "TreeMeta",
+    "TreeProgress",
     "TreeStore",
     "connect",
 ]

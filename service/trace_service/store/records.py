@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+import orjson
 
 from trace_service.tree import ROOT, TreeTargets, tree_targets
 
@@ -29,14 +30,15 @@ class NewTree:
     return_unspent: bool
     prior_outcomes: tuple[int, int]  # the prompt's (successes, trials) before this step
 
-    def to_hash(self, now: float) -> dict[str, str | int | float]:
-        """What a new tree stores: its immutable spec as one JSON field and the few fields the Lua scripts
-        read.  Counters start absent (read as 0), which keeps creating thousands of trees cheap."""
+    def hash_fields(self, now: float) -> list[str]:
+        """What a new tree stores, as a flat field/value list: its immutable spec as one JSON field, the
+        prompt text as another (the scripts that run on every event read neither), and the few fields
+        those scripts read.  Counters start absent (read as 0), which keeps creating thousands of trees
+        cheap."""
         spec = {
             "allocation_id": self.allocation_id,
             "step": self.step,
             "prompt_id": self.prompt_id,
-            "text": self.prompt_text,
             "features": self.prompt_features,
             "prior": self.prior_outcomes,
             "policy": self.policy,
@@ -44,26 +46,36 @@ class NewTree:
             "return_unspent": self.return_unspent,
             "created_at": now,
         }
-        return {
-            "spec": json.dumps(spec),
-            "job": self.job,
-            "status": "collecting",
-            "rollouts": self.rollouts,
-            "expansion_budget": self.expansion_budget,
-            "rounds": self.rounds,
-        }
+        return [
+            "spec", orjson.dumps(spec).decode(),
+            "prompt", self.prompt_text,
+            "job", self.job,
+            "status", "collecting",
+            "rollouts", str(self.rollouts),
+            "expansion_budget", str(self.expansion_budget),
+            "rounds", str(self.rounds),
+        ]  # fmt: skip
+
+
+#: Counters a new tree starts without (absent reads as 0).
+_COUNTERS = (
+    "round", "bare_started", "bare_leaves", "bare_successes", "cont_started", "cont_leaves", "successes",
+    "promised", "returned", "fallback",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class TreeMeta:
-    """A tree's header and counters."""
+    """A tree's header and counters (everything in its meta hash but the prompt text)."""
+
+    #: The meta hash fields a TreeMeta is read from.
+    FIELDS = ("spec", "job", "status", "rollouts", "expansion_budget", "rounds", "finished_at", *_COUNTERS)
 
     tree_id: str
     allocation_id: str
     job: str
     step: int
     prompt_id: str
-    prompt_text: str
     prompt_features: list[float] | None
     rollouts: int
     expansion_budget: int
@@ -99,35 +111,53 @@ class TreeMeta:
         return self.status in ("complete", "closed")
 
     @classmethod
-    def from_hash(cls, tree_id: str, raw: Mapping[str, str]) -> TreeMeta:
-        spec = json.loads(raw["spec"])
-        counters = {
-            name: int(raw.get(name, 0))
-            for name in (
-                "round", "bare_started", "bare_leaves", "bare_successes", "cont_started", "cont_leaves",
-                "successes", "promised", "returned", "fallback",
-            )
-        }  # fmt: skip
+    def from_hash(cls, tree_id: str, raw: Mapping[str, str | None]) -> TreeMeta:
+        """From the hash's fields (at least :attr:`FIELDS`; an absent counter is ``None`` or missing)."""
+        spec = orjson.loads(_present(raw, "spec"))
+        counters = {name: int(raw.get(name) or 0) for name in _COUNTERS}
         return cls(
             tree_id=tree_id,
             allocation_id=spec["allocation_id"],
-            job=raw["job"],
+            job=_present(raw, "job"),
             step=int(spec["step"]),
             prompt_id=spec["prompt_id"],
-            prompt_text=spec["text"],
             prompt_features=spec["features"],
             prior_outcomes=(int(spec["prior"][0]), int(spec["prior"][1])),
-            rollouts=int(raw["rollouts"]),
-            expansion_budget=int(raw["expansion_budget"]),
-            rounds=int(raw["rounds"]),
+            rollouts=int(_present(raw, "rollouts")),
+            expansion_budget=int(_present(raw, "expansion_budget")),
+            rounds=int(_present(raw, "rounds")),
             policy=spec["policy"],
             predicted_success=float(spec["predicted"]),
             return_unspent=bool(spec["return_unspent"]),
-            status=raw["status"],
+            status=_present(raw, "status"),
             created_at=float(spec["created_at"]),
-            finished_at=float(raw.get("finished_at", 0)),
+            finished_at=float(raw.get("finished_at") or 0),
             **counters,
         )
+
+
+def _present(raw: Mapping[str, str | None], name: str) -> str:
+    value = raw.get(name)
+    if value is None:
+        raise KeyError(f"tree meta lacks {name!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class TreeProgress:
+    """The three fields that say whether a tree needs the sweeper: it is finished, or a Stage 2 claim
+    (``decision_round`` > 0) lapsed at ``decision_until``."""
+
+    status: str
+    decision_round: int
+    decision_until: float
+
+    @property
+    def finished(self) -> bool:
+        return self.status in ("complete", "closed")
+
+    def claim_lapsed(self, now: float) -> bool:
+        return not self.finished and self.decision_round > 0 and self.decision_until <= now
 
 
 @dataclass(frozen=True)
@@ -145,7 +175,7 @@ class StoredNode:
 
     @classmethod
     def from_json(cls, node_id: str, raw: str) -> StoredNode:
-        data = json.loads(raw)
+        data = orjson.loads(raw)
         return cls(
             node_id=node_id,
             parent_id=data["p"] or None,
@@ -154,7 +184,7 @@ class StoredNode:
             done=bool(data["done"]),
             reward=float(data["r"]) if data["r"] != "" else None,
             text=data["t"],
-            features=json.loads(data["f"]) if data["f"] else None,
+            features=orjson.loads(data["f"]) if data["f"] else None,
             instruction_id=data["i"] or None,
             reported_at=float(data["at"]),
         )
@@ -175,7 +205,7 @@ class StoredInstruction:
 
     @classmethod
     def from_json(cls, instruction_id: str, raw: str) -> StoredInstruction:
-        data = json.loads(raw)
+        data = orjson.loads(raw)
         return cls(
             instruction_id,
             data["node"],
@@ -188,9 +218,11 @@ class StoredInstruction:
 
 @dataclass(frozen=True)
 class StoredTree:
-    """A whole tree: header, nodes (parents before children), instructions, decision-time predictions."""
+    """A whole tree: header, prompt text, nodes (parents before children), instructions, decision-time
+    predictions."""
 
     meta: TreeMeta
+    prompt_text: str
     nodes: list[StoredNode]
     instructions: dict[str, StoredInstruction] = field(default_factory=dict)
     predictions: dict[str, float] = field(default_factory=dict)

@@ -9,12 +9,12 @@ store is the same code over ``fakeredis`` (with its Lua engine): one implementat
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any
 
+import orjson
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
@@ -30,6 +30,7 @@ from trace_service.store.records import (
     StoredNode,
     StoredTree,
     TreeMeta,
+    TreeProgress,
 )
 
 RedisClient = Redis | RedisCluster
@@ -60,7 +61,7 @@ def _event_row(event: ExpandEvent) -> list[Any]:
         event.node_id,
         event.parent_id or "",
         event.text or "",
-        json.dumps(event.features) if event.features is not None else "",
+        orjson.dumps(event.features).decode() if event.features is not None else "",
         1 if event.done else 0,
         repr(event.reward) if event.reward is not None else "",
         event.instruction_id or "",
@@ -122,16 +123,18 @@ class TreeStore:
         They are not listed anywhere until :meth:`index_allocation`.  On one Redis node a chunk of trees
         is one script call (thousands of small calls cost most of /v1/allocate); a Cluster gets one call
         per tree, since a script's keys must share a slot there."""
-        rows = [(self.keys.tree(tree.tree_id).meta, tree.to_hash(now)) for tree in trees]
-        if not rows:
-            return
-        width = len(rows[0][1])
+        rows = [(self.keys.tree(tree.tree_id).meta, tree.hash_fields(now)) for tree in trees]
         chunk = 1 if isinstance(self.redis, RedisCluster) else _TREES_PER_CREATE
         calls = []
         for start in range(0, len(rows), chunk):
             part = rows[start : start + chunk]
-            values = [item for _, fields in part for pair in fields.items() for item in pair]
-            calls.append(("create_trees", [key for key, _ in part], [self.tree_ttl, width, *values]))
+            calls.append(
+                (
+                    "create_trees",
+                    [key for key, _ in part],
+                    [self.tree_ttl, orjson.dumps([fields for _, fields in part])],
+                )
+            )
         await self._run_many(calls)
 
     async def index_allocation(
@@ -199,7 +202,7 @@ class TreeStore:
             "apply_events",
             [keys.meta, keys.nodes, keys.events, keys.instructions],
             [
-                json.dumps([_event_row(event) for event in events]),
+                orjson.dumps([_event_row(event) for event in events]),
                 now,
                 self.tree_ttl,
                 success_threshold,
@@ -207,7 +210,7 @@ class TreeStore:
                 uuid.uuid4().hex,
             ],
         )
-        result = json.loads(raw)
+        result = orjson.loads(raw)
         return AppliedBatch(
             outcomes=[EventOutcome(int(code), str(message)) for code, message in result["results"]],
             job=result["job"],
@@ -241,15 +244,15 @@ class TreeStore:
             [
                 round,
                 token,
-                json.dumps([list(item) for item in instructions]),
-                json.dumps(dict(predictions)) if predictions else "{}",
+                orjson.dumps([list(item) for item in instructions]),
+                orjson.dumps(dict(predictions)) if predictions else "{}",
                 returned,
                 fallback,
                 now,
                 self.tree_ttl,
             ],
         )
-        result = json.loads(raw)
+        result = orjson.loads(raw)
         return bool(result["ok"]), bool(result["completed"])
 
     async def take_over_decision(self, tree_id: str, *, now: float, lease: float) -> tuple[int, str]:
@@ -265,14 +268,27 @@ class TreeStore:
     # --- reading trees -----------------------------------------------------------------------------
 
     async def load_metas(self, tree_ids: Sequence[str]) -> list[TreeMeta | None]:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for tree_id in tree_ids:
-                pipe.hgetall(self.keys.tree(tree_id).meta)
-            rows = await pipe.execute()
+        rows = await self._read_fields(tree_ids, TreeMeta.FIELDS)
         return [
-            TreeMeta.from_hash(tree_id, _decoded(row)) if row else None
+            TreeMeta.from_hash(tree_id, dict(zip(TreeMeta.FIELDS, row, strict=True))) if row[0] else None
             for tree_id, row in zip(tree_ids, rows, strict=True)
         ]
+
+    async def progress(self, tree_ids: Sequence[str]) -> list[TreeProgress | None]:
+        """Where each tree stands, read cheaply (three fields): what the sweeper checks every tree for."""
+        rows = await self._read_fields(tree_ids, ("status", "decision_round", "decision_until"))
+        return [
+            TreeProgress(status, int(round_ or 0), float(until or 0)) if status else None
+            for status, round_, until in rows
+        ]
+
+    async def _read_fields(self, tree_ids: Sequence[str], fields: Sequence[str]) -> list[list[str | None]]:
+        """The given fields of each tree's meta hash (``None`` where absent), in one pipeline."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for tree_id in tree_ids:
+                pipe.hmget(self.keys.tree(tree_id).meta, list(fields))
+            rows = await pipe.execute()
+        return [[None if value is None else _text(value) for value in row] for row in rows]
 
     async def load_tree(self, tree_id: str) -> StoredTree | None:
         keys = self.keys.tree(tree_id)
@@ -286,8 +302,10 @@ class TreeStore:
             return None
         parsed = [StoredNode.from_json(node_id, raw) for node_id, raw in _decoded(nodes).items()]
         parsed.sort(key=lambda node: (node.depth, node.reported_at, node.node_id))
+        header = _decoded(meta)
         return StoredTree(
-            meta=TreeMeta.from_hash(tree_id, _decoded(meta)),
+            meta=TreeMeta.from_hash(tree_id, header),
+            prompt_text=header["prompt"],
             nodes=parsed,
             instructions={
                 key: StoredInstruction.from_json(key, raw) for key, raw in _decoded(instructions).items()

@@ -22,9 +22,13 @@ end
 -- Counters start absent (a new tree stores only its spec): absent reads as 0.
 local function num(value) return tonumber(value) or 0 end
 
+-- Only the fields used here (the hash also holds the prompt text, which this script never needs).
+local fields = {'job', 'status', 'rollouts', 'rounds', 'round', 'expansion_budget', 'promised', 'returned',
+                'decision_round', 'decision_until', 'bare_started', 'bare_leaves', 'bare_successes',
+                'cont_started', 'cont_leaves', 'successes'}
 local m = {}
-local raw = redis.call('HGETALL', meta_key)
-for i = 1, #raw, 2 do m[raw[i]] = raw[i + 1] end
+local raw = redis.call('HMGET', meta_key, unpack(fields))
+for i, name in ipairs(fields) do m[name] = raw[i] or nil end
 local status = m.status
 local rollouts = num(m.rollouts)
 local counters = {
