@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -92,6 +93,10 @@ def create_app(settings: Settings | None = None, *, store: TreeStore | None = No
         metrics_server = (
             start_http_server(settings.metrics_port, registry=registry)[0] if settings.metrics_port else None
         )
+        # What exists now (torch, the app, the model: ~300,000 objects) lives as long as the process;
+        # kept out of the cyclic collector, it no longer makes every full collection a ~200 ms pause.
+        gc.collect()
+        gc.freeze()
         stop = asyncio.Event()
         tasks = [
             asyncio.create_task(

@@ -337,14 +337,10 @@ class Engine:
             # candidate already mixed) is returned: never promised, never spent twice.
             returned = share - int(counts.sum())
             now = self.clock()
-            # Offered before they are recorded, so that no failure in between can strand them; an offer
-            # whose record never happened is dropped when claimed.
-            free_at = now + self.settings.lease_seconds if inline else now
-            await self.store.queue_instructions(
-                meta.job, tree_id, {i.instruction_id: free_at for i in instructions}
-            )
             recorded, completed = await self.store.commit_decision(
                 tree_id,
+                job=meta.job,
+                offered_from=now + self.settings.lease_seconds if inline else now,
                 round=round_,
                 token=token,
                 instructions=[(i.instruction_id, i.node_id, i.count) for i in instructions],

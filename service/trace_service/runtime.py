@@ -34,6 +34,11 @@ from trace_service.store import StoredTree, TreeStore
 
 logger = logging.getLogger(__name__)
 
+#: The weights' version and Ṽ of each query.
+Prediction = tuple[int, npt.NDArray[np.float64]]
+#: A call waiting for the next batch: its queries and where its answer goes.
+_Waiting = tuple[list[Query], "asyncio.Future[Prediction]"]
+
 
 class PredictorRuntime:
     def __init__(
@@ -52,6 +57,8 @@ class PredictorRuntime:
         self.train_steps = train_steps
         self.owner = uuid.uuid4().hex
         self._train_lock = asyncio.Lock()
+        self._waiting: list[_Waiting] = []
+        self._batcher: asyncio.Task[None] | None = None
 
     @property
     def featurizer(self) -> HistoryFeaturizer:
@@ -61,11 +68,45 @@ class PredictorRuntime:
     def version(self) -> int:
         return self.predictor.version
 
-    async def predict(self, queries: Sequence[Query]) -> tuple[int, npt.NDArray[np.float64]]:
-        """Batched inference in a worker thread, so the event loop keeps serving."""
+    async def predict(self, queries: Sequence[Query]) -> Prediction:
+        """Ṽ of the queries and the weights' version, computed in a worker thread so that the event
+        loop keeps serving.  Calls made while a batch runs are merged into the next one: one forward
+        pass serves many trees' Stage 2 decisions (on a GPU, one launch instead of dozens)."""
         if not queries:
             return self.predictor.version, np.zeros(0)
-        return await asyncio.to_thread(self.predictor.predict_versioned, list(queries))
+        answer: asyncio.Future[Prediction] = asyncio.get_running_loop().create_future()
+        self._waiting.append((list(queries), answer))
+        if self._batcher is None or self._batcher.done():
+            self._batcher = asyncio.create_task(self._run_batches())
+        return await answer
+
+    async def _run_batches(self) -> None:
+        while self._waiting:
+            batch, self._waiting = self._waiting, []
+            try:
+                await self._answer(batch)
+            except asyncio.CancelledError:  # the service is stopping: no caller may wait forever
+                for _, answer in batch + self._waiting:
+                    if not answer.done():
+                        answer.set_exception(RuntimeError("the predictor is stopping"))
+                raise
+
+    async def _answer(self, batch: list[_Waiting]) -> None:
+        merged = [query for queries, _ in batch for query in queries]
+        try:
+            version, values = await asyncio.to_thread(self.predictor.predict_versioned, merged)
+        except Exception as error:
+            if len(batch) > 1:  # a bad query fails its own call only: answer the calls one by one
+                for single in batch:
+                    await self._answer([single])
+            elif not batch[0][1].done():
+                batch[0][1].set_exception(error)
+            return
+        start = 0
+        for queries, answer in batch:
+            if not answer.done():  # its caller may have gone
+                answer.set_result((version, values[start : start + len(queries)]))
+            start += len(queries)
 
     def encode_tree(self, tree: StoredTree) -> tuple[EncodedHistory, dict[str, EncodedHistory]]:
         """Encode the prompt and every node's history in one pass (nodes are stored parents first)."""

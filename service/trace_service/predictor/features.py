@@ -277,24 +277,10 @@ class HistoryFeaturizer:
         self, prompts: Sequence[tuple[str, str, Sequence[float] | None]]
     ) -> list[EncodedHistory]:
         """:meth:`encode_prompt` of many ``(prompt_id, text, features)`` at once (one tokenising pass)."""
-        for prompt_id, _, _ in prompts:
-            if not isinstance(prompt_id, str):
-                raise ValueError(f"prompt_id must be a string, got {type(prompt_id).__name__}")
         tokens = self.token_ids_many([text for _, text, _ in prompts])
         return [
-            EncodedHistory(
-                prompt_id=prompt_id,
-                prompt_tokens=ids,
-                turn_tokens=(),
-                prompt_token_count=count,
-                turn_token_counts=(),
-                prompt_features=self._feature_vector(features, "prompt features"),
-                latest_features=None,
-                num_buckets=self.config.num_buckets,
-                feature_dim=self.config.feature_dim,
-                turn_token_total=0,
-            )
-            for (prompt_id, _, features), (ids, count) in zip(prompts, tokens, strict=True)
+            self._root(prompt_id, prompt_tokens, features)
+            for (prompt_id, _, features), prompt_tokens in zip(prompts, tokens, strict=True)
         ]
 
     def extend(
@@ -316,8 +302,8 @@ class HistoryFeaturizer:
         of turn ``i``'s parent turn (earlier in ``turns``), or -1 when it starts from the prompt."""
         if len(parents) != len(turns):
             raise ValueError(f"{len(turns)} turns but {len(parents)} parents")
-        root = self.encode_prompt(prompt_id, prompt_text, prompt_features)
-        tokens = self.token_ids_many([turn.text for turn in turns])
+        prompt_tokens, *tokens = self.token_ids_many([prompt_text, *(turn.text for turn in turns)])
+        root = self._root(prompt_id, prompt_tokens, prompt_features)
         encoded: list[EncodedHistory] = []
         for index, (turn, parent, turn_tokens) in enumerate(zip(turns, parents, tokens, strict=True)):
             if not -1 <= parent < index:
@@ -337,6 +323,25 @@ class HistoryFeaturizer:
             prompt_id, prompt_text, prompt_features, turns, range(-1, len(turns) - 1)
         )
         return encoded[-1] if encoded else root
+
+    def _root(
+        self, prompt_id: str, tokens: tuple[TokenIds, int], features: Sequence[float] | None
+    ) -> EncodedHistory:
+        if not isinstance(prompt_id, str):
+            raise ValueError(f"prompt_id must be a string, got {type(prompt_id).__name__}")
+        ids, count = tokens
+        return EncodedHistory(
+            prompt_id=prompt_id,
+            prompt_tokens=ids,
+            turn_tokens=(),
+            prompt_token_count=count,
+            turn_token_counts=(),
+            prompt_features=self._feature_vector(features, "prompt features"),
+            latest_features=None,
+            num_buckets=self.config.num_buckets,
+            feature_dim=self.config.feature_dim,
+            turn_token_total=0,
+        )
 
     def _child(
         self, parent: EncodedHistory, tokens: tuple[TokenIds, int], features: Sequence[float] | None

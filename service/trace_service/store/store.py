@@ -103,20 +103,27 @@ class TreeStore:
         """One write command and the key's expiry, atomically (``write_expire.lua``)."""
         return await self._run("write_expire", [key], [ttl, command, *args])
 
-    # --- allocation ---------------------------------------------------------------------------------
-
-    async def _run_many(self, calls: Sequence[tuple[str, list[str], list[Any]]]) -> None:
-        """Several script calls at once: one pipeline on a single Redis; concurrent calls on a Cluster,
-        whose pipelines refuse scripts (each call still touches one slot)."""
+    async def _run_many(
+        self, calls: Sequence[tuple[str, list[str], list[Any]]], *, ordered: bool = False
+    ) -> list[Any]:
+        """Several script calls in one pipeline on a single Redis (run in order), and their results.  A
+        Cluster's pipelines refuse scripts (each call still touches one slot): there the calls run
+        one after another when ``ordered``, else concurrently."""
         if isinstance(self.redis, RedisCluster):
+            if ordered:
+                return [await self._run(*call) for call in calls]
+            results = []
             for start in range(0, len(calls), _CLUSTER_FANOUT):
-                await asyncio.gather(*(self._run(*call) for call in calls[start : start + _CLUSTER_FANOUT]))
-            return
+                chunk = calls[start : start + _CLUSTER_FANOUT]
+                results.extend(await asyncio.gather(*(self._run(*call) for call in chunk)))
+            return results
         async with self.redis.pipeline(transaction=False) as pipe:
             for name, keys, args in calls:
                 # redis-py queues a script on a pipeline and loads it first if the server lacks it.
                 await self._scripts[name](keys=keys, args=args, client=pipe)
-            await pipe.execute()
+            return list(await pipe.execute())
+
+    # --- allocation ---------------------------------------------------------------------------------
 
     async def create_trees(self, trees: Sequence[NewTree], now: float) -> None:
         """Create the trees (each atomically with its expiry; creating an existing tree changes nothing).
@@ -228,6 +235,8 @@ class TreeStore:
         self,
         tree_id: str,
         *,
+        job: str,
+        offered_from: float,
         round: int,
         token: str,
         instructions: Sequence[tuple[str, str, int]],
@@ -236,9 +245,14 @@ class TreeStore:
         fallback: int,
         now: float,
     ) -> tuple[bool, bool]:
-        """Record a decision if the claim still holds.  Returns (recorded, tree completed by it)."""
+        """Offer the instructions ``(instruction_id, node_id, count)`` in the job's claim queue from
+        ``offered_from`` on, then record the decision if the claim still holds; one round trip on a
+        single Redis.  Offered before recorded, so that no failure in between can strand them (an
+        offer whose record never happened is dropped when claimed).  Returns (recorded, tree
+        completed by it)."""
         keys = self.keys.tree(tree_id)
-        raw = await self._run(
+        offer = self._offer_call(job, tree_id, {item[0]: offered_from for item in instructions})
+        commit = (
             "commit_decision",
             [keys.meta, keys.instructions, keys.predictions],
             [
@@ -252,7 +266,8 @@ class TreeStore:
                 self.tree_ttl,
             ],
         )
-        result = orjson.loads(raw)
+        results = await self._run_many([offer, commit] if offer else [commit], ordered=True)
+        result = orjson.loads(results[-1])
         return bool(result["ok"]), bool(result["completed"])
 
     async def take_over_decision(self, tree_id: str, *, now: float, lease: float) -> tuple[int, str]:
@@ -337,11 +352,17 @@ class TreeStore:
 
     async def queue_instructions(self, job: str, tree_id: str, free_at: Mapping[str, float]) -> None:
         """Offer instructions for claiming, each from the given time on."""
-        if free_at:
-            members = [
-                item for instruction, at in free_at.items() for item in (at, f"{tree_id}|{instruction}")
-            ]
-            await self._write(self.keys.instruction_queue(job), self.job_ttl, "ZADD", *members)
+        offer = self._offer_call(job, tree_id, free_at)
+        if offer:
+            await self._run(*offer)
+
+    def _offer_call(
+        self, job: str, tree_id: str, free_at: Mapping[str, float]
+    ) -> tuple[str, list[str], list[Any]] | None:
+        if not free_at:
+            return None
+        members = [item for instruction, at in free_at.items() for item in (at, f"{tree_id}|{instruction}")]
+        return ("write_expire", [self.keys.instruction_queue(job)], [self.job_ttl, "ZADD", *members])
 
     async def dequeue_instructions(self, job: str, entries: Sequence[tuple[str, str]]) -> None:
         if entries:
