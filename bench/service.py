@@ -1,13 +1,19 @@
 """Service latency and throughput over real HTTP, next to redis-benchmark on the same machine.
 
-    python bench/service.py [--prompts 1024] [--budget 16384] [--events 20000] [--batch 100]
+    python bench/service.py [--prompts 1024] [--budget 16384] [--events 20000] [--batch 100] [--rate 10000]
 
 Starts a throwaway redis-server and one `trace-rollout serve` process (both on loopback), then:
-  1. /v1/allocate with B prompts of about 200 words and budget M: latency percentiles;
-  2. /v1/expand: bare rollouts reported in batches by concurrent workers: events/s and batch latency
-     percentiles (Stage 2 decisions included, as they happen inline);
-  3. redis-benchmark (SET, EVALSHA-free) on the same server as the physical reference.
-Everything runs on 127.0.0.1 and stops by itself.
+  1. /v1/allocate with B prompts of about 200 words and budget M, one call at a time after a warm-up
+     call: latency percentiles;
+  2. /v1/expand with bare rollouts of fresh trees in batches of whole rollouts (Stage 2 decisions
+     included: they run inline when a tree's last bare rollout is reported), twice:
+     a. capacity: closed loop, each of --workers workers sends its next batch when the previous one is
+        answered: events/s, and the service process's events per CPU-second;
+     b. latency at a given load: open loop at --rate events/s, each batch's latency counted from when
+        it was due (no coordinated omission): p50 and p99;
+  3. redis-benchmark (SET, GET) on the same server as the physical reference.
+Client connections are opened before the clock starts.  Everything runs on 127.0.0.1 and stops by itself;
+the load generator, Redis and the service share the machine's cores.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx2
@@ -80,59 +87,119 @@ async def bench_allocate(url: str, prompts: int, budget: int, repeats: int) -> l
     return times[1:]
 
 
-async def bench_expand(
-    url: str, total_events: int, batch: int, workers: int
-) -> tuple[float, list[float], int]:
+@dataclass
+class ExpandRun:
+    """What one /v1/expand phase measured."""
+
+    events: int
+    seconds: float
+    latencies: list[float]
+    accepted: int
+    instructions: int
+
+    @property
+    def rate(self) -> float:
+        return self.events / self.seconds
+
+
+async def expand_bodies(
+    url: str, job: str, total_events: int, batch: int, turn_words: int, rng: random.Random
+) -> list[bytes]:
+    """Fresh trees (8 bare rollouts of 5 turns each, no Stage 1 skipping) and their turns as /v1/expand
+    bodies of ``batch`` events.  A batch holds whole rollouts (a parent travels with its children), so
+    batches sent concurrently never wait for one another; every eighth-rollout group completes a tree
+    and triggers its Stage 2 decision inline."""
     turns_per_rollout, rollouts_per_tree = 5, 8
-    trees_needed = total_events // (turns_per_rollout * rollouts_per_tree) + 1
+    trees_needed = -(-total_events // (turns_per_rollout * rollouts_per_tree))
+    prompts = [{"prompt_id": f"{job}-q{i}", "text": prompt_text(rng)} for i in range(trees_needed)]
     async with httpx2.AsyncClient(base_url=url, timeout=60.0) as client:
-        prompts = [{"prompt_id": f"q{i}", "text": "solve the task"} for i in range(trees_needed)]
         response = await client.post(
             "/v1/allocate",
-            json={"job": "bench-expand", "step": 0, "budget": trees_needed * rollouts_per_tree,
+            json={"job": job, "step": 0, "budget": trees_needed * rollouts_per_tree,
                   "min_rollouts": rollouts_per_tree, "max_rollouts": rollouts_per_tree, "prompts": prompts},
         )  # fmt: skip
         response.raise_for_status()
-        trees = [t["tree_id"] for t in response.json()["trees"]]
-        counter = itertools.count()
-        events = []
-        for tree_id in trees:
-            for r in range(rollouts_per_tree):
-                parent = None
-                for t in range(turns_per_rollout):
-                    n = next(counter)
-                    last = t == turns_per_rollout - 1
-                    events.append(
-                        {"event_id": f"e{n}", "tree_id": tree_id, "node_id": f"n{n}", "parent_id": parent,
-                         "text": f"thought {t} action observation", "done": last,
-                         "reward": float(r % 2) if last else None}
-                    )  # fmt: skip
-                    parent = f"n{n}"
-        events = events[:total_events]
-        batches = [
-            json.dumps({"events": events[i : i + batch]}).encode() for i in range(0, len(events), batch)
-        ]
-        queue: asyncio.Queue[bytes] = asyncio.Queue()
-        for item in batches:
-            queue.put_nowait(item)
-        latencies: list[float] = []
-        instructions = 0
+    events = []
+    counter = itertools.count()
+    for tree in response.json()["trees"]:
+        for rollout in range(rollouts_per_tree):
+            parent = None
+            for turn in range(turns_per_rollout):
+                n = next(counter)
+                last = turn == turns_per_rollout - 1
+                events.append(
+                    {"event_id": f"{job}-e{n}", "tree_id": tree["tree_id"], "node_id": f"n{n}",
+                     "parent_id": parent, "text": " ".join(rng.choices(WORDS, k=turn_words)), "done": last,
+                     "reward": float(rollout % 2) if last else None}
+                )  # fmt: skip
+                parent = f"n{n}"
+    events = events[:total_events]
+    return [json.dumps({"events": events[i : i + batch]}).encode() for i in range(0, len(events), batch)]
 
-        async def worker() -> None:
-            nonlocal instructions
-            async with httpx2.AsyncClient(base_url=url, timeout=60.0, headers=JSON) as own:
-                while not queue.empty():
-                    item = queue.get_nowait()
-                    start = time.perf_counter()
-                    answer = await own.post("/v1/expand", content=item)
-                    latencies.append(time.perf_counter() - start)
-                    answer.raise_for_status()
-                    instructions += len(answer.json()["instructions"])
 
-        start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(workers)))
-        elapsed = time.perf_counter() - start
-    return len(events) / elapsed, latencies, instructions
+async def warm_client(url: str, connections: int) -> httpx2.AsyncClient:
+    """A client with ``connections`` open keep-alive connections (their set-up is not the service's)."""
+    client = httpx2.AsyncClient(
+        base_url=url,
+        timeout=60.0,
+        headers=JSON,
+        limits=httpx2.Limits(max_connections=connections, max_keepalive_connections=connections),
+    )
+    await asyncio.gather(*(client.get("/healthz") for _ in range(connections)))
+    return client
+
+
+async def saturate(url: str, bodies: list[bytes], workers: int) -> ExpandRun:
+    """Closed loop: ``workers`` workers each send their next batch as soon as the previous one is
+    answered.  The throughput is the service's capacity; the latency is mostly time spent queueing."""
+    queue: asyncio.Queue[bytes] = asyncio.Queue()
+    for body in bodies:
+        queue.put_nowait(body)
+    run = ExpandRun(sum(body.count(b'"event_id"') for body in bodies), 0.0, [], 0, 0)
+    client = await warm_client(url, workers)
+
+    async def worker() -> None:
+        while not queue.empty():
+            body = queue.get_nowait()
+            start = time.perf_counter()
+            answer = await client.post("/v1/expand", content=body)
+            run.latencies.append(time.perf_counter() - start)
+            record(run, answer)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(workers)))
+    run.seconds = time.perf_counter() - start
+    await client.aclose()
+    return run
+
+
+async def offer(url: str, bodies: list[bytes], events_per_second: float, connections: int) -> ExpandRun:
+    """Open loop: batch i is due at i·(batch size)/rate whatever happened before, and its latency runs
+    from when it was due (time spent waiting for a free connection counts: no coordinated omission)."""
+    run = ExpandRun(sum(body.count(b'"event_id"') for body in bodies), 0.0, [], 0, 0)
+    client = await warm_client(url, connections)
+    loop = asyncio.get_running_loop()
+    interval = run.events / len(bodies) / events_per_second
+    begin = loop.time() + 0.05
+
+    async def send(index: int, body: bytes) -> None:
+        due = begin + index * interval
+        await asyncio.sleep(max(0.0, due - loop.time()))
+        answer = await client.post("/v1/expand", content=body)
+        run.latencies.append(loop.time() - due)
+        record(run, answer)
+
+    await asyncio.gather(*(send(index, body) for index, body in enumerate(bodies)))
+    run.seconds = loop.time() - begin
+    await client.aclose()
+    return run
+
+
+def record(run: ExpandRun, answer: httpx2.Response) -> None:
+    answer.raise_for_status()
+    reply = answer.json()
+    run.accepted += reply["accepted"]
+    run.instructions += len(reply["instructions"])
 
 
 def redis_benchmark(port: int) -> str:
@@ -155,7 +222,10 @@ def main() -> None:
     parser.add_argument("--allocate-repeats", type=int, default=20)
     parser.add_argument("--events", type=int, default=20000)
     parser.add_argument("--batch", type=int, default=100)
-    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--workers", type=int, default=8, help="closed-loop workers for the capacity run")
+    parser.add_argument("--rate", type=float, default=10_000, help="events/s offered in the open-loop run")
+    parser.add_argument("--connections", type=int, default=16, help="connections of the open-loop run")
+    parser.add_argument("--turn-words", type=int, default=40)
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as directory:
@@ -185,11 +255,17 @@ def main() -> None:
         try:
             wait_until_ready(url)
             allocate = asyncio.run(bench_allocate(url, args.prompts, args.budget, args.allocate_repeats))
-            cpu_before = cpu_seconds(service.pid)
-            rate, latencies, instructions = asyncio.run(
-                bench_expand(url, args.events, args.batch, args.workers)
+            rng = random.Random(1)
+            saturation_bodies = asyncio.run(
+                expand_bodies(url, "bench-saturate", args.events, args.batch, args.turn_words, rng)
             )
+            offered_bodies = asyncio.run(
+                expand_bodies(url, "bench-offered", args.events, args.batch, args.turn_words, rng)
+            )
+            cpu_before = cpu_seconds(service.pid)
+            saturated = asyncio.run(saturate(url, saturation_bodies, args.workers))
             service_cpu = cpu_seconds(service.pid) - cpu_before
+            offered = asyncio.run(offer(url, offered_bodies, args.rate, args.connections))
             reference = redis_benchmark(redis_port)
         finally:
             service.terminate()
@@ -199,15 +275,21 @@ def main() -> None:
     p50, p99 = statistics.median(allocate) * 1e3, percentile(allocate, 0.99) * 1e3
     print(f"/v1/allocate  B={args.prompts} M={args.budget}, 200-word prompts, {args.allocate_repeats} calls:")
     print(f"    p50 {p50:.1f} ms   p99 {p99:.1f} ms")
-    p50, p99 = statistics.median(latencies) * 1e3, percentile(latencies, 0.99) * 1e3
     print(
-        f"/v1/expand    {args.events} events in batches of {args.batch}, {args.workers} concurrent workers:"
+        f"/v1/expand    batches of {args.batch} events (whole rollouts of 5 turns of {args.turn_words} words;"
+        " a tree's last batch runs its Stage 2 decision inline):"
     )
+    for label, run in (
+        (f"capacity, {args.workers} workers back to back", saturated),
+        (f"offered {args.rate:,.0f} events/s, open loop", offered),
+    ):
+        p50, p99 = statistics.median(run.latencies) * 1e3, percentile(run.latencies, 0.99) * 1e3
+        print(
+            f"    {label:38s} {run.rate:8,.0f} events/s   batch p50 {p50:6.1f} ms   p99 {p99:6.1f} ms"
+            f"   ({run.accepted}/{run.events} accepted, {run.instructions} instructions)"
+        )
     print(
-        f"    {rate:,.0f} events/s   batch p50 {p50:.1f} ms   p99 {p99:.1f} ms  ({instructions} instructions)"
-    )
-    print(
-        f"    service process CPU {service_cpu:.1f} s: {args.events / service_cpu:,.0f} events per CPU-second"
+        f"    service process CPU at capacity: {saturated.events / service_cpu:,.0f} events per CPU-second"
         " (the load generator and Redis share the same cores)"
     )
     print(f"redis-benchmark (same redis-server, physical reference): {reference}")

@@ -1,4 +1,7 @@
-"""Dependencies as Annotated aliases: handlers declare what they need, tests override it."""
+"""Dependencies as Annotated aliases: handlers declare what they need, tests override it.
+
+They are ``async def`` although they never await: FastAPI runs a plain ``def`` dependency in a worker
+thread, a thread hand-off on every request."""
 
 from __future__ import annotations
 
@@ -10,12 +13,12 @@ from trace_service.engine import Engine
 from trace_service.settings import Settings
 
 
-def get_engine(request: Request) -> Engine:
+async def get_engine(request: Request) -> Engine:
     engine: Engine = request.app.state.engine
     return engine
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 

@@ -62,8 +62,9 @@ _TRACE_PREFIXES = {Policy.TRACE, Policy.TRACE_PREFIX}
 _RANDOM_PREFIXES = {Policy.TREEPO, Policy.TRACE_ROOT}
 #: Trees whose events are applied concurrently, over all requests of this process.
 _CONCURRENT_TREES = 32
-#: Open trees the sweeper checks per store round trip.
+#: Open trees the sweeper checks per store round trip, and round trips per job and sweep.
 _SWEEP_PAGE = 1000
+_SWEEP_PAGES = 10
 #: Largest B·M·m_max for which Knapsack RL runs its exact DP; beyond it the envelope solver.
 _KNAPSACK_DP_CELLS = 20_000_000
 
@@ -91,6 +92,8 @@ class Engine:
         # Trees of all requests worked on at once: bounds store connections (the embedded store's pool
         # holds 100) and keeps one huge batch from starving the others.
         self._tree_slots = asyncio.Semaphore(_CONCURRENT_TREES)
+        # Where each job's sweep resumes (an SSCAN cursor) when its open list is longer than one sweep.
+        self._sweep_cursors: dict[str, int] = {}
 
     # --- POST /v1/allocate -------------------------------------------------------------------------
 
@@ -436,27 +439,42 @@ class Engine:
     async def sweep(self) -> int:
         """Finish what failed part-way on any replica: decide Stage 2 rounds whose claims lapsed (their
         replica died mid-decision) and account for finished trees that are still listed as open.
-        Returns the number of trees acted on.  Reads three fields per open tree, a page at a time, so a
-        long open list neither holds the event loop nor parses whole trees."""
+        Returns the number of trees acted on.
+
+        Reads three fields per open tree, a page at a time, and at most ``_SWEEP_PAGES`` pages per job
+        and call, resuming where the previous call stopped: a long open list (abandoned steps stay
+        open until they expire) costs a bounded slice of each interval, never a stall.
+        """
         acted = 0
         for job in await self.store.jobs():
-            tree_ids = await self.store.open_trees(job)
-            for start in range(0, len(tree_ids), _SWEEP_PAGE):
-                page = tree_ids[start : start + _SWEEP_PAGE]
-                now = self.clock()
-                for tree_id, progress in zip(page, await self.store.progress(page), strict=True):
-                    if progress is None:  # expired
-                        await self.store.forget_open(job, tree_id)
-                    elif progress.finished:
-                        await self._on_completed(tree_id)
-                        acted += 1
-                    elif progress.claim_lapsed(now):
-                        round_, token = await self.store.take_over_decision(
-                            tree_id, now=now, lease=self.settings.decision_lease_seconds
-                        )
-                        if round_:
-                            await self.decide(tree_id, round_, token, inline=False)
-                            acted += 1
+            cursor = self._sweep_cursors.pop(job, 0)
+            for _ in range(_SWEEP_PAGES):
+                cursor, page = await self.store.open_trees(job, cursor, _SWEEP_PAGE)
+                acted += await self._sweep_page(job, page)
+                if cursor == 0:
+                    break
+            if cursor:
+                self._sweep_cursors[job] = cursor
+        return acted
+
+    async def _sweep_page(self, job: str, tree_ids: list[str]) -> int:
+        if not tree_ids:
+            return 0
+        acted = 0
+        now = self.clock()
+        for tree_id, progress in zip(tree_ids, await self.store.progress(tree_ids), strict=True):
+            if progress is None:  # expired
+                await self.store.forget_open(job, tree_id)
+            elif progress.finished:
+                await self._on_completed(tree_id)
+                acted += 1
+            elif progress.claim_lapsed(now):
+                round_, token = await self.store.take_over_decision(
+                    tree_id, now=now, lease=self.settings.decision_lease_seconds
+                )
+                if round_:
+                    await self.decide(tree_id, round_, token, inline=False)
+                    acted += 1
         return acted
 
     # --- trees -------------------------------------------------------------------------------------

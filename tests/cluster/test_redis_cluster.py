@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from support import LiveService, free_port, make_settings, rollout, wait_for_port
+from support import LiveService, free_ports, make_settings, rollout, wait_for_port
 
 from bench.load import Ledger, LoadConfig, LoadRun, Replicas, export_run
 from trace_client import TraceClient
@@ -29,7 +29,9 @@ class RedisClusterNodes:
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self.ports = [free_port() for _ in range(3)]
+        # Client ports and cluster-bus ports, all distinct.
+        ports = free_ports(6)
+        self.ports, self.bus_ports = ports[:3], ports[3:]
         self.processes: list[subprocess.Popen[bytes]] = []
 
     @property
@@ -37,12 +39,12 @@ class RedisClusterNodes:
         return f"redis://127.0.0.1:{self.ports[0]}"
 
     def start(self) -> None:
-        for port in self.ports:
+        for port, bus_port in zip(self.ports, self.bus_ports, strict=True):
             node_dir = self.directory / str(port)
             node_dir.mkdir()
             self.processes.append(
                 subprocess.Popen(
-                    ["redis-server", "--port", str(port), "--cluster-port", str(free_port()),
+                    ["redis-server", "--port", str(port), "--cluster-port", str(bus_port),
                      "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--bind", "127.0.0.1",
                      "--save", "", "--appendonly", "no", "--protected-mode", "no", "--dir", str(node_dir)],
                     stdout=subprocess.DEVNULL,

@@ -10,6 +10,7 @@ from support import LiveService, RedisServer, free_port, make_settings, rollout,
 
 from trace_client import AsyncTraceClient, TraceClient
 from trace_proto import AllocateRequest, PromptIn
+from trace_service import engine as engine_module
 from trace_service.app import create_app
 
 
@@ -110,6 +111,44 @@ async def test_a_lapsed_stage2_decision_is_taken_over(store_url: str) -> None:
         offered = (await engine.claim_instructions("default", 10)).instructions
         assert sum(i.count for i in offered) == allocation.trees[0].expansion_budget
         assert await engine.sweep() == 0  # decided once
+
+
+async def test_the_sweeper_works_through_a_long_open_list_a_slice_per_sweep(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Abandoned trees stay open until they expire; each sweep checks a bounded slice of them and the
+    next one resumes there, so a lapsed claim anywhere in the list is still found."""
+    monkeypatch.setattr(engine_module, "_SWEEP_PAGE", 50)
+    monkeypatch.setattr(engine_module, "_SWEEP_PAGES", 2)
+    app = create_app(make_settings(store_url, sweep_interval_seconds=3600))
+    async with app.router.lifespan_context(app):
+        engine = app.state.engine
+        prompts = [PromptIn(prompt_id=f"p{i}") for i in range(400)]
+        allocation = await engine.allocate(
+            AllocateRequest(step=0, budget=800, min_rollouts=2, expansion=1.0, prompts=prompts), None
+        )
+        tree_id = allocation.trees[-1].tree_id
+        events = [e for j in range(2) for e in rollout(tree_id, None, 2, float(j))]
+        batch = await engine.store.apply_events(
+            tree_id, events, now=engine.clock(), success_threshold=0.5, decision_lease=0.0
+        )
+        assert batch.decision_round == 1
+        checked: list[int] = []
+        progress = engine.store.progress
+
+        async def counted(tree_ids: list[str]) -> object:
+            checked.append(len(tree_ids))
+            return await progress(tree_ids)
+
+        monkeypatch.setattr(engine.store, "progress", counted)
+        acted = []
+        for _ in range(12):  # 400 trees, about 100 per sweep: every tree is seen within a few sweeps
+            checked.clear()
+            acted.append(await engine.sweep())
+            assert len(checked) <= 2 and sum(checked) < 150  # a slice (SSCAN's count is a hint)
+        assert sum(acted) == 1
+        offered = (await engine.claim_instructions("default", 10)).instructions
+        assert sum(i.count for i in offered) == allocation.trees[-1].expansion_budget
 
 
 def test_nothing_is_lost_across_a_service_restart(redis_server: RedisServer) -> None:

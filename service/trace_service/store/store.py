@@ -47,6 +47,7 @@ _SCRIPTS = (
     "claim_instructions",
     "record_outcome",
     "write_expire",
+    "tree_progress",
 )
 
 
@@ -290,8 +291,15 @@ class TreeStore:
         ]
 
     async def progress(self, tree_ids: Sequence[str]) -> list[TreeProgress | None]:
-        """Where each tree stands, read cheaply (three fields): what the sweeper checks every tree for."""
-        rows = await self._read_fields(tree_ids, ("status", "decision_round", "decision_until"))
+        """Where each tree stands (three fields): what the sweeper checks every open tree for.  One
+        script call on a single Redis; a pipeline on a Cluster, whose scripts cannot span trees."""
+        if isinstance(self.redis, RedisCluster):
+            rows = await self._read_fields(tree_ids, ("status", "decision_round", "decision_until"))
+        else:
+            flat = await self._run(
+                "tree_progress", [self.keys.tree(tree_id).meta for tree_id in tree_ids], []
+            )
+            rows = [[_text(value) or None for value in flat[i : i + 3]] for i in range(0, len(flat), 3)]
         return [
             TreeProgress(status, int(round_ or 0), float(until or 0)) if status else None
             for status, round_, until in rows
@@ -342,8 +350,11 @@ class TreeStore:
 
     # --- open trees (the sweeper's work list) ------------------------------------------------------
 
-    async def open_trees(self, job: str) -> list[str]:
-        return sorted(_text(tree_id) for tree_id in await self.redis.smembers(self.keys.open_trees(job)))
+    async def open_trees(self, job: str, cursor: int = 0, count: int = 1000) -> tuple[int, list[str]]:
+        """One page of the job's open trees (``SSCAN``): the cursor to continue from (0 once the
+        whole set has been seen) and about ``count`` tree ids."""
+        cursor, members = await self.redis.sscan(self.keys.open_trees(job), cursor, count=count)
+        return int(cursor), [_text(tree_id) for tree_id in members]
 
     async def forget_open(self, job: str, tree_id: str) -> None:
         await self.redis.srem(self.keys.open_trees(job), tree_id)
