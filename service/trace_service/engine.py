@@ -291,7 +291,7 @@ class Engine:
         completed = batch.completed
         if batch.decision_round:
             instructions, completed = await self.decide(
-                tree_id, batch.decision_round, batch.token, inline=True
+                tree_id, batch.decision_round, batch.token, inline=True, tree=batch.tree
             )
         elif batch.completed:
             await self._on_completed(tree_id)
@@ -317,16 +317,17 @@ class Engine:
         ]
 
     async def decide(
-        self, tree_id: str, round_: int, token: str, *, inline: bool
+        self, tree_id: str, round_: int, token: str, *, inline: bool, tree: StoredTree | None = None
     ) -> tuple[list[Instruction], bool]:
         """Run Stage 2 round ``round_`` for one tree under the claim ``token``; record its instructions.
 
+        ``tree`` is the tree as the claim saw it, when the caller has it (else it is loaded).
         ``inline`` instructions go back to the worker whose events triggered them, so they start leased
         to it; others are free to claim at once.  A failure here loses nothing: the claim lapses and
         the sweeper decides the round again.
         """
         with self.metrics.stage2_duration.time():
-            tree = await self.store.load_tree(tree_id)
+            tree = tree or await self.store.load_tree(tree_id)
             if tree is None:
                 return [], False
             meta = tree.meta

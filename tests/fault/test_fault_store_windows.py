@@ -82,11 +82,12 @@ def offered(client: TraceClient, job: str) -> list[Instruction]:
 def test_a_failed_stage2_decision_is_taken_over_and_offered(
     replica: LiveService, job: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The recovery the other tests expect: the decision itself fails, its claim lapses, the sweeper
-    decides the round and the instructions are offered to any worker."""
+    """The recovery the other tests expect: the decision fails before it is recorded and its worker
+    never comes back; the claim lapses, the sweeper decides the round (loading the tree itself) and
+    the instructions are offered to any worker."""
     with TraceClient(replica.url, max_retries=0) as client:
         tree = one_tree(client, job)
-        fail_once(monkeypatch, store_of(replica), "load_tree")
+        fail_once(monkeypatch, store_of(replica), "commit_decision")
         with pytest.raises(TraceUnavailable):
             client.expand(bare_rollouts(tree))
         assert sum(i.count for i in offered(client, job)) == tree.expansion_budget

@@ -105,6 +105,10 @@ async def test_a_lapsed_stage2_decision_is_taken_over(store_url: str) -> None:
             tree_id, events, now=engine.clock(), success_threshold=0.5, decision_lease=0.05
         )
         assert batch.decision_round == 1
+        # The claim comes with the tree as the decision must see it: what loading it gives.
+        assert batch.tree is not None
+        assert batch.tree == await engine.store.load_tree(tree_id)
+        assert len(batch.tree.nodes) == len(events)
         assert await engine.sweep() == 0  # still claimed
         await asyncio.sleep(0.1)
         assert await engine.sweep() == 1

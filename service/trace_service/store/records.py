@@ -250,9 +250,10 @@ class EventOutcome:
 class AppliedBatch:
     """The result of applying one tree's events.
 
-    ``decision_round`` > 0 hands the caller the claim (``token``) on that Stage 2 round; ``completed``
-    is true for exactly the one batch that completed the tree; ``fully_started`` lists the instructions
-    whose continuations have now all started (they leave the claim queue).
+    ``decision_round`` > 0 hands the caller the claim (``token``) on that Stage 2 round, and ``tree`` the
+    tree as that decision must see it; ``completed`` is true for exactly the one batch that completed
+    the tree; ``fully_started`` lists the instructions whose continuations have now all started (they
+    leave the claim queue).
     """
 
     outcomes: list[EventOutcome]
@@ -264,6 +265,7 @@ class AppliedBatch:
     fully_started: list[str]
     new_bare_leaves: int
     new_continuation_leaves: int
+    tree: StoredTree | None = None
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ _SCRIPTS = (
     "record_outcome",
     "write_expire",
     "tree_progress",
+    "load_tree",
 )
 
 
@@ -208,7 +209,7 @@ class TreeStore:
         keys = self.keys.tree(tree_id)
         raw = await self._run(
             "apply_events",
-            [keys.meta, keys.nodes, keys.events, keys.instructions],
+            [keys.meta, keys.nodes, keys.events, keys.instructions, keys.predictions],
             [
                 orjson.dumps([_event_row(event) for event in events]),
                 now,
@@ -218,7 +219,7 @@ class TreeStore:
                 uuid.uuid4().hex,
             ],
         )
-        result = orjson.loads(raw)
+        result = orjson.loads(raw[0])
         return AppliedBatch(
             outcomes=[EventOutcome(int(code), str(message)) for code, message in result["results"]],
             job=result["job"],
@@ -230,6 +231,7 @@ class TreeStore:
             fully_started=list(result["started"]) if isinstance(result["started"], list) else [],
             new_bare_leaves=int(result["bare_leaves"]),
             new_continuation_leaves=int(result["cont_leaves"]),
+            tree=_stored_tree(tree_id, *raw[1:]) if len(raw) == 5 else None,
         )
 
     async def commit_decision(
@@ -315,26 +317,10 @@ class TreeStore:
 
     async def load_tree(self, tree_id: str) -> StoredTree | None:
         keys = self.keys.tree(tree_id)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hgetall(keys.meta)
-            pipe.hgetall(keys.nodes)
-            pipe.hgetall(keys.instructions)
-            pipe.hgetall(keys.predictions)
-            meta, nodes, instructions, predictions = await pipe.execute()
-        if not meta:
-            return None
-        parsed = [StoredNode.from_json(node_id, raw) for node_id, raw in _decoded(nodes).items()]
-        parsed.sort(key=lambda node: (node.depth, node.reported_at, node.node_id))
-        header = _decoded(meta)
-        return StoredTree(
-            meta=TreeMeta.from_hash(tree_id, header),
-            prompt_text=header["prompt"],
-            nodes=parsed,
-            instructions={
-                key: StoredInstruction.from_json(key, raw) for key, raw in _decoded(instructions).items()
-            },
-            predictions={key: float(value) for key, value in _decoded(predictions).items()},
+        hashes = await self._run(
+            "load_tree", [keys.meta, keys.nodes, keys.instructions, keys.predictions], []
         )
+        return _stored_tree(tree_id, *hashes)
 
     async def jobs(self) -> list[str]:
         return [_text(job) for job in await self.redis.zrange(self.keys.jobs, 0, -1)]
@@ -429,6 +415,31 @@ class TreeStore:
             await self.redis.pexpire(key, int(ttl * 1000))
             return True
         return False
+
+
+def _stored_tree(
+    tree_id: str, meta: list[Any], nodes: list[Any], instructions: list[Any], predictions: list[Any]
+) -> StoredTree | None:
+    """A tree from its four hashes as flat field/value lists (what the scripts return); None when the
+    tree does not exist."""
+    if not meta:
+        return None
+    header = _pairs(meta)
+    parsed = [StoredNode.from_json(node_id, raw) for node_id, raw in _pairs(nodes).items()]
+    parsed.sort(key=lambda node: (node.depth, node.reported_at, node.node_id))
+    return StoredTree(
+        meta=TreeMeta.from_hash(tree_id, header),
+        prompt_text=header["prompt"],
+        nodes=parsed,
+        instructions={
+            key: StoredInstruction.from_json(key, raw) for key, raw in _pairs(instructions).items()
+        },
+        predictions={key: float(value) for key, value in _pairs(predictions).items()},
+    )
+
+
+def _pairs(flat: list[Any]) -> dict[str, str]:
+    return {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
 def _text(value: Any) -> str:

@@ -1,13 +1,15 @@
 -- Apply one tree's batch of finished turns atomically.
--- KEYS: meta, nodes, events, instructions (all under the tree's hash tag)
+-- KEYS: meta, nodes, events, instructions, predictions (all under the tree's hash tag)
 -- ARGV: events (JSON list of [event_id, node_id, parent_id, text, features, done, reward, instruction_id];
 --       "" stands for absent), now (seconds), ttl (seconds), success threshold, decision lease (seconds),
 --       a fresh token naming this caller's claim on a Stage 2 decision
--- Returns JSON {results = [[code, message], ...], job, status, decision (round this caller must decide,
---               or 0), token, completed (0/1), started = [instruction ids that became fully started],
---               bare_leaves, cont_leaves (leaves this batch added)}
+-- Returns {summary}, or {summary, meta, nodes, instructions, predictions} when this caller claims a
+-- Stage 2 decision (the tree as the decision must see it, as flat field/value lists, which saves the
+-- claimant a round trip).  summary is JSON {results = [[code, message], ...], job, status, decision
+-- (round this caller must decide, or 0), token, completed (0/1), started = [instruction ids that became
+-- fully started], bare_leaves, cont_leaves (leaves this batch added)}
 -- Codes: 200 accepted, 208 duplicate, 404 unknown tree, 409 conflict, 410 tree finished, 422 invalid.
-local meta_key, nodes_key, events_key, instr_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local meta_key, nodes_key, events_key, instr_key, pred_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local events = cjson.decode(ARGV[1])
 local now, ttl, threshold, lease = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local claim_token = ARGV[6]
@@ -15,8 +17,8 @@ local claim_token = ARGV[6]
 local results, started = {}, {}
 if redis.call('EXISTS', meta_key) == 0 then
   for i = 1, #events do results[i] = {404, 'unknown tree'} end
-  return cjson.encode({results = results, job = '', status = '', decision = 0, token = '', completed = 0,
-                       started = started, bare_leaves = 0, cont_leaves = 0})
+  return {cjson.encode({results = results, job = '', status = '', decision = 0, token = '', completed = 0,
+                        started = started, bare_leaves = 0, cont_leaves = 0})}
 end
 
 -- Counters start absent (a new tree stores only its spec): absent reads as 0.
@@ -161,7 +163,10 @@ redis.call('HSET', meta_key,
   'bare_successes', counters.bare_successes, 'cont_started', counters.cont_started,
   'cont_leaves', counters.cont_leaves, 'successes', counters.successes, 'updated_at', now)
 for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, ttl) end
-return cjson.encode({results = results, job = m.job, status = status, decision = decision, token = token,
-                     completed = completed, started = started,
-                     bare_leaves = counters.bare_leaves - num(m.bare_leaves),
-                     cont_leaves = counters.cont_leaves - num(m.cont_leaves)})
+local summary = cjson.encode({results = results, job = m.job, status = status, decision = decision,
+                              token = token, completed = completed, started = started,
+                              bare_leaves = counters.bare_leaves - num(m.bare_leaves),
+                              cont_leaves = counters.cont_leaves - num(m.cont_leaves)})
+if decision == 0 then return {summary} end
+return {summary, redis.call('HGETALL', meta_key), redis.call('HGETALL', nodes_key),
+        redis.call('HGETALL', instr_key), redis.call('HGETALL', pred_key)}
