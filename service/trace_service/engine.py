@@ -379,7 +379,7 @@ class Engine:
             return np.zeros(len(node_ids), dtype=np.int64), node_ids, {}, 0, share
         policy = Policy(meta.policy)
         if policy in _TRACE_PREFIXES:
-            _, encoded = self.predictor.encode_tree(tree)
+            _, encoded = self.predictor.encode_tree(tree, candidates.nodes.tolist())
             outcomes = OutcomeCounts(*meta.prior_outcomes)
             _, p = await self.predictor.predict([Query(encoded[node_id], outcomes) for node_id in node_ids])
             expansion = expand_prefixes(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -108,17 +108,33 @@ class PredictorRuntime:
                 answer.set_result((version, values[start : start + len(queries)]))
             start += len(queries)
 
-    def encode_tree(self, tree: StoredTree) -> tuple[EncodedHistory, dict[str, EncodedHistory]]:
-        """Encode the prompt and every node's history in one pass (nodes are stored parents first)."""
+    def encode_tree(
+        self, tree: StoredTree, nodes: Iterable[int] | None = None
+    ) -> tuple[EncodedHistory, dict[str, EncodedHistory]]:
+        """Encode the prompt and the histories of ``nodes`` (indices into ``tree.nodes``; all nodes by
+        default) in one pass.  A history extends its parent's, so the nodes' ancestors are encoded too."""
+        parents = tree.parent_indices()
+        if nodes is None:
+            kept: Sequence[int] = range(len(tree.nodes))
+        else:
+            marked: set[int] = set()
+            for index in nodes:
+                while index >= 0 and index not in marked:
+                    marked.add(index)
+                    index = parents[index]
+            kept = sorted(marked)  # nodes are stored parents first, so this order is too
+        position = {index: rank for rank, index in enumerate(kept)}
         meta = tree.meta
         root, encoded = self.featurizer.encode_tree(
             meta.prompt_id,
             tree.prompt_text,
             meta.prompt_features,
-            [Turn(node.text, node.features) for node in tree.nodes],
-            tree.parent_indices(),
+            [Turn(tree.nodes[index].text, tree.nodes[index].features) for index in kept],
+            [position[parents[index]] if parents[index] >= 0 else -1 for index in kept],
         )
-        return root, {node.node_id: history for node, history in zip(tree.nodes, encoded, strict=True)}
+        return root, {
+            tree.nodes[index].node_id: history for index, history in zip(kept, encoded, strict=True)
+        }
 
     def examples(self, tree: StoredTree) -> list[TrainingExample]:
         """Training examples from a finished tree: every node with a scored leaf below, and the root."""

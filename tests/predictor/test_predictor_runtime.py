@@ -12,10 +12,11 @@ import pytest
 from predictor_synthetic import SyntheticTask, tiny_config
 from prometheus_client import CollectorRegistry
 
+from trace_proto import ExpandEvent
 from trace_service.metrics import Metrics
 from trace_service.predictor import FeaturizerConfig, HistoryFeaturizer, Query, SuccessPredictor
 from trace_service.runtime import PredictorRuntime
-from trace_service.store import TreeStore
+from trace_service.store import NewTree, TreeStore
 
 
 def trained_runtime(task: SyntheticTask) -> tuple[PredictorRuntime, list[list[Query]]]:
@@ -108,3 +109,37 @@ async def test_a_caller_that_goes_away_does_not_disturb_the_others(
     np.testing.assert_allclose(values, runtime.predictor.predict(calls[1 - cancelled]), rtol=1e-6)
     with pytest.raises(asyncio.CancelledError):
         await tasks[cancelled]
+
+
+async def test_encoding_part_of_a_tree_gives_those_nodes_and_their_ancestors_the_full_encoding(
+    synthetic_task: SyntheticTask,
+) -> None:
+    runtime, _ = trained_runtime(synthetic_task)
+    store = runtime.store
+    spec = NewTree(
+        tree_id="t", allocation_id="a", job="j", step=0, prompt_id="p", prompt_text="find the key",
+        prompt_features=None, rollouts=2, expansion_budget=0, rounds=1, policy="trace",
+        predicted_success=0.5, return_unspent=False, prior_outcomes=(0, 0),
+    )  # fmt: skip
+    await store.create_trees([spec], now=0.0)
+    events = [
+        ExpandEvent(event_id="e1", tree_id="t", node_id="a1", text="open the door"),
+        ExpandEvent(event_id="e2", tree_id="t", node_id="a2", parent_id="a1", text="walk in"),
+        ExpandEvent(
+            event_id="e3", tree_id="t", node_id="a3", parent_id="a2", text="found", done=True, reward=1
+        ),
+        ExpandEvent(event_id="e4", tree_id="t", node_id="b1", text="look around", done=True, reward=0),
+    ]
+    await store.apply_events("t", events, now=1.0, success_threshold=0.5, decision_lease=30.0)
+    tree = await store.load_tree("t")
+    assert tree is not None
+    full_root, full = runtime.encode_tree(tree)
+    index = {node.node_id: i for i, node in enumerate(tree.nodes)}
+    root, part = runtime.encode_tree(tree, [index["a2"]])
+    assert set(part) == {"a1", "a2"}
+    assert root.prompt_tokens.tolist() == full_root.prompt_tokens.tolist()
+    for node_id, history in part.items():
+        assert [ids.tolist() for ids in history.turn_tokens] == [
+            ids.tolist() for ids in full[node_id].turn_tokens
+        ]
+        assert history.turn_token_counts == full[node_id].turn_token_counts
