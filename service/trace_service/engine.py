@@ -62,9 +62,10 @@ _TRACE_PREFIXES = {Policy.TRACE, Policy.TRACE_PREFIX}
 _RANDOM_PREFIXES = {Policy.TREEPO, Policy.TRACE_ROOT}
 #: Trees whose events are applied concurrently, over all requests of this process.
 _CONCURRENT_TREES = 32
-#: Open trees the sweeper checks per store round trip, and round trips per job and sweep.
-_SWEEP_PAGE = 1000
-_SWEEP_PAGES = 10
+#: Open trees the sweeper checks per store round trip (small: Redis runs one script at a time, and
+#: requests wait behind it), and round trips per job and sweep.
+_SWEEP_PAGE = 200
+_SWEEP_PAGES = 50
 #: Largest B·M·m_max for which Knapsack RL runs its exact DP; beyond it the envelope solver.
 _KNAPSACK_DP_CELLS = 20_000_000
 

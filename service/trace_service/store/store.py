@@ -108,12 +108,14 @@ class TreeStore:
     async def _run_many(
         self, calls: Sequence[tuple[str, list[str], list[Any]]], *, ordered: bool = False
     ) -> list[Any]:
-        """Several script calls in one pipeline on a single Redis (run in order), and their results.  A
-        Cluster's pipelines refuse scripts (each call still touches one slot): there the calls run
-        one after another when ``ordered``, else concurrently."""
+        """Several script calls and their results.  ``ordered`` calls run one after another (each
+        retried on its own if Redis lost its scripts, so none can run twice).  Unordered ones go in one
+        pipeline on a single Redis (redis-py checks the scripts exist first: one more round trip, worth
+        it for an allocation's many calls); on a Cluster, whose pipelines refuse scripts, they run
+        concurrently (each call still touches one slot)."""
+        if ordered:
+            return [await self._run(*call) for call in calls]
         if isinstance(self.redis, RedisCluster):
-            if ordered:
-                return [await self._run(*call) for call in calls]
             results = []
             for start in range(0, len(calls), _CLUSTER_FANOUT):
                 chunk = calls[start : start + _CLUSTER_FANOUT]
@@ -249,9 +251,9 @@ class TreeStore:
         now: float,
     ) -> tuple[bool, bool]:
         """Offer the instructions ``(instruction_id, node_id, count)`` in the job's claim queue from
-        ``offered_from`` on, then record the decision if the claim still holds; one round trip on a
-        single Redis.  Offered before recorded, so that no failure in between can strand them (an
-        offer whose record never happened is dropped when claimed).  Returns (recorded, tree
+        ``offered_from`` on, then record the decision if the claim still holds.  Offered before
+        recorded, so that no failure in between can strand them (an offer whose record never happened
+        is dropped when claimed).  Returns (recorded, tree
         completed by it)."""
         keys = self.keys.tree(tree_id)
         offer = self._offer_call(job, tree_id, {item[0]: offered_from for item in instructions})
