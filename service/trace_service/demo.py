@@ -60,7 +60,9 @@ class DemoConfig:
     """The demo's knobs; the defaults finish in well under two minutes on two CPU cores."""
 
     steps: int = 6
-    pool: int = 128
+    # Twice the prompts the budget covers with groups of two: which prompts to sample is a real choice
+    # (with every prompt affordable, uniform samples all of them and only group sizes differ).
+    pool: int = 256
     budget: int = 256
     expansion: float = 1.0
     prompts: int = 384
