@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import gc
 import itertools
 import json
@@ -31,8 +32,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx2
 
@@ -92,50 +94,128 @@ async def bench_allocate(url: str, prompts: int, budget: int, repeats: int) -> l
 class ExpandRun:
     """What one /v1/expand phase measured."""
 
-    events: int
-    seconds: float
-    latencies: list[float]
-    accepted: int
-    instructions: int
+    events: int = 0
+    seconds: float = 0.0
+    latencies: list[float] = field(default_factory=list)
+    accepted: int = 0
+    instructions: int = 0
+    trees: int = 0
+    completed: int = 0
 
     @property
     def rate(self) -> float:
         return self.events / self.seconds
 
 
-async def expand_bodies(
-    url: str, job: str, total_events: int, batch: int, turn_words: int, rng: random.Random
-) -> list[bytes]:
-    """Fresh trees (8 bare rollouts of 5 turns each, no Stage 1 skipping) and their turns as /v1/expand
-    bodies of ``batch`` events.  A batch holds whole rollouts (a parent travels with its children), so
-    batches sent concurrently never wait for one another; every eighth-rollout group completes a tree
-    and triggers its Stage 2 decision inline."""
-    turns_per_rollout, rollouts_per_tree = 5, 8
-    trees_needed = -(-total_events // (turns_per_rollout * rollouts_per_tree))
-    prompts = [{"prompt_id": f"{job}-q{i}", "text": prompt_text(rng)} for i in range(trees_needed)]
+#: Turns of a bare rollout and bare rollouts per tree.
+TURNS, ROLLOUTS = 5, 8
+
+
+class Workload:
+    """The /v1/expand traffic of fresh trees: their bare rollouts, prepared up front, then the
+    continuations their Stage 2 instructions ask for, made as the answers come back.
+
+    A batch holds whole rollouts (a parent travels with its children), so batches in flight never
+    wait for one another.  A tree's last bare rollout triggers its Stage 2 decision inline; its last
+    continuation completes it, which records the prompt's outcome and trains the predictor.
+    """
+
+    def __init__(self, trees: list[str], batch: int, turn_words: int, rng: random.Random) -> None:
+        self.batch, self.turn_words, self.rng = batch, turn_words, rng
+        self.nodes = itertools.count()
+        self.depth: dict[str, int] = {}  # node → its turn (1 … TURNS): where a continuation resumes
+        self.in_flight = 0
+        self.waiting: list[list[dict[str, object]]] = []  # continuation rollouts not yet in a batch
+        bare = [self.rollout(tree, None, 0, None, float(r % 2)) for tree in trees for r in range(ROLLOUTS)]
+        self.bare = self.pack(bare)
+        self.continuations: collections.deque[tuple[bytes, int]] = collections.deque()
+
+    def rollout(
+        self, tree: str, parent: str | None, depth: int, instruction: str | None, reward: float
+    ) -> list[dict[str, object]]:
+        events: list[dict[str, object]] = []
+        for turn in range(depth + 1, TURNS + 1):
+            node = f"n{next(self.nodes)}"
+            last = turn == TURNS
+            events.append(
+                {"event_id": f"e-{node}", "tree_id": tree, "node_id": node, "parent_id": parent,
+                 "text": " ".join(self.rng.choices(WORDS, k=self.turn_words)), "done": last,
+                 "reward": reward if last else None,
+                 "instruction_id": instruction if turn == depth + 1 else None}
+            )  # fmt: skip
+            self.depth[node], parent = turn, node
+        return events
+
+    def pack(self, rollouts: list[list[dict[str, object]]]) -> collections.deque[tuple[bytes, int]]:
+        """Whole rollouts into bodies of at most ``batch`` events, with their event counts."""
+        bodies: collections.deque[tuple[bytes, int]] = collections.deque()
+        current: list[dict[str, object]] = []
+        for rollout in rollouts:
+            if current and len(current) + len(rollout) > self.batch:
+                bodies.append((json.dumps({"events": current}).encode(), len(current)))
+                current = []
+            current.extend(rollout)
+        if current:
+            bodies.append((json.dumps({"events": current}).encode(), len(current)))
+        return bodies
+
+    def next(self) -> tuple[bytes, int] | None:
+        """The next body to send (continuations first), or None when nothing is ready now."""
+        if not self.continuations and self.waiting and (not self.bare or self.in_flight == 0):
+            self.continuations, self.waiting = self.pack(self.waiting), []
+        for source in (self.continuations, self.bare):
+            if source:
+                return source.popleft()
+        return None
+
+    def answered(self, reply: dict[str, Any]) -> None:
+        for instruction in reply["instructions"]:
+            node = instruction["node_id"]
+            for _ in range(instruction["count"]):
+                reward = float(self.rng.random() < 0.5)
+                self.waiting.append(
+                    self.rollout(
+                        instruction["tree_id"], node, self.depth[node], instruction["instruction_id"], reward
+                    )
+                )
+        if sum(len(rollout) for rollout in self.waiting) >= self.batch:
+            self.continuations.extend(self.pack(self.waiting))
+            self.waiting = []
+
+    @property
+    def finished(self) -> bool:
+        return not (self.bare or self.continuations or self.waiting or self.in_flight)
+
+
+async def new_trees(url: str, job: str, trees: int, rng: random.Random) -> list[str]:
+    """Allocate ``trees`` prompts ``ROLLOUTS`` bare rollouts each (no Stage 1 skipping), expansion 1."""
+    prompts = [{"prompt_id": f"{job}-q{i}", "text": prompt_text(rng)} for i in range(trees)]
     async with httpx2.AsyncClient(base_url=url, timeout=60.0) as client:
         response = await client.post(
             "/v1/allocate",
-            json={"job": job, "step": 0, "budget": trees_needed * rollouts_per_tree,
-                  "min_rollouts": rollouts_per_tree, "max_rollouts": rollouts_per_tree, "prompts": prompts},
+            json={"job": job, "step": 0, "budget": trees * ROLLOUTS, "min_rollouts": ROLLOUTS,
+                  "max_rollouts": ROLLOUTS, "expansion": 1.0, "prompts": prompts},
         )  # fmt: skip
         response.raise_for_status()
-    events = []
-    counter = itertools.count()
-    for tree in response.json()["trees"]:
-        for rollout in range(rollouts_per_tree):
-            parent = None
-            for turn in range(turns_per_rollout):
-                n = next(counter)
-                last = turn == turns_per_rollout - 1
-                events.append(
-                    {"event_id": f"{job}-e{n}", "tree_id": tree["tree_id"], "node_id": f"n{n}",
-                     "parent_id": parent, "text": " ".join(rng.choices(WORDS, k=turn_words)), "done": last,
-                     "reward": float(rollout % 2) if last else None}
-                )  # fmt: skip
-                parent = f"n{n}"
-    events = events[:total_events]
-    return [json.dumps({"events": events[i : i + batch]}).encode() for i in range(0, len(events), batch)]
+    return [tree["tree_id"] for tree in response.json()["trees"]]
+
+
+async def workload(url: str, job: str, trees: int, args: argparse.Namespace, rng: random.Random) -> Workload:
+    return Workload(await new_trees(url, job, trees, rng), args.batch, args.turn_words, rng)
+
+
+async def warm_up(url: str, args: argparse.Namespace, rng: random.Random) -> int:
+    """Run 100 trees through the whole flow, then wait (up to two minutes) until the service predicts
+    with trained weights; returns their version."""
+    await saturate(url, await workload(url, "bench-warm-up", 100, args, rng), args.workers)
+    deadline = time.monotonic() + 120.0
+    async with httpx2.AsyncClient(base_url=url, timeout=60.0) as client:
+        while time.monotonic() < deadline:
+            version = int((await client.get("/v1/predictor")).json()["version"])
+            if version > 0:
+                return version
+            await asyncio.sleep(0.2)
+    raise TimeoutError("no trained predictor weights after the warm-up")
 
 
 async def warm_client(url: str, connections: int) -> httpx2.AsyncClient:
@@ -150,22 +230,38 @@ async def warm_client(url: str, connections: int) -> httpx2.AsyncClient:
     return client
 
 
-async def saturate(url: str, bodies: list[bytes], workers: int) -> ExpandRun:
-    """Closed loop: ``workers`` workers each send their next batch as soon as the previous one is
+async def post(
+    client: httpx2.AsyncClient, workload: Workload, run: ExpandRun, item: tuple[bytes, int]
+) -> None:
+    body, events = item
+    workload.in_flight += 1
+    try:
+        answer = await client.post("/v1/expand", content=body)
+        answer.raise_for_status()
+        reply = answer.json()
+        workload.answered(reply)  # before the batch stops being in flight: its continuations are due
+    finally:
+        workload.in_flight -= 1
+    run.events += events
+    run.accepted += reply["accepted"]
+    run.instructions += len(reply["instructions"])
+
+
+async def saturate(url: str, workload: Workload, workers: int) -> ExpandRun:
+    """Closed loop: ``workers`` workers each send the next ready batch as soon as their previous one is
     answered.  The throughput is the service's capacity; the latency is mostly time spent queueing."""
-    queue: asyncio.Queue[bytes] = asyncio.Queue()
-    for body in bodies:
-        queue.put_nowait(body)
-    run = ExpandRun(sum(body.count(b'"event_id"') for body in bodies), 0.0, [], 0, 0)
+    run = ExpandRun()
     client = await warm_client(url, workers)
 
     async def worker() -> None:
-        while not queue.empty():
-            body = queue.get_nowait()
+        while not workload.finished:
+            item = workload.next()
+            if item is None:  # continuations will come with answers still in flight
+                await asyncio.sleep(0.001)
+                continue
             start = time.perf_counter()
-            answer = await client.post("/v1/expand", content=body)
+            await post(client, workload, run, item)
             run.latencies.append(time.perf_counter() - start)
-            record(run, answer)
 
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(workers)))
@@ -174,39 +270,39 @@ async def saturate(url: str, bodies: list[bytes], workers: int) -> ExpandRun:
     return run
 
 
-async def offer(url: str, bodies: list[bytes], events_per_second: float, connections: int) -> ExpandRun:
-    """Open loop: batch i is due at i·(batch size)/rate whatever happened before, and its latency runs
-    from when it was due (time spent waiting for a free connection counts: no coordinated omission)."""
-    run = ExpandRun(sum(body.count(b'"event_id"') for body in bodies), 0.0, [], 0, 0)
+async def offer(url: str, workload: Workload, events_per_second: float, connections: int) -> ExpandRun:
+    """Open loop at ``events_per_second``: each batch is due (its size)/rate after the one before,
+    whatever happened to that one; when nothing is ready (continuations still being decided) the
+    schedule moves on.  A batch's latency runs from when it was due (time spent waiting for a free
+    connection counts: no coordinated omission)."""
+    run = ExpandRun()
     client = await warm_client(url, connections)
     # The load generator's own collector pauses would show up as the service's latency.
     gc.collect()
     gc.disable()
     loop = asyncio.get_running_loop()
-    interval = run.events / len(bodies) / events_per_second
-    begin = loop.time() + 0.05
+    begin = due = loop.time() + 0.05
 
-    async def send(index: int, body: bytes) -> None:
-        due = begin + index * interval
-        await asyncio.sleep(max(0.0, due - loop.time()))
-        answer = await client.post("/v1/expand", content=body)
+    async def send(item: tuple[bytes, int], due: float) -> None:
+        await post(client, workload, run, item)
         run.latencies.append(loop.time() - due)
-        record(run, answer)
 
+    sent = []
     try:
-        await asyncio.gather(*(send(index, body) for index, body in enumerate(bodies)))
+        while not workload.finished:
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            item = workload.next()
+            if item is None:
+                due += 0.001
+                continue
+            sent.append(asyncio.ensure_future(send(item, due)))
+            due += item[1] / events_per_second
+        await asyncio.gather(*sent)
     finally:
         gc.enable()
     run.seconds = loop.time() - begin
     await client.aclose()
     return run
-
-
-def record(run: ExpandRun, answer: httpx2.Response) -> None:
-    answer.raise_for_status()
-    reply = answer.json()
-    run.accepted += reply["accepted"]
-    run.instructions += len(reply["instructions"])
 
 
 def redis_benchmark(port: int) -> str:
@@ -233,6 +329,14 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=10_000, help="events/s offered in the open-loop run")
     parser.add_argument("--connections", type=int, default=16, help="connections of the open-loop run")
     parser.add_argument("--turn-words", type=int, default=40)
+    parser.add_argument(
+        "--trainer",
+        choices=["separate", "same"],
+        default="separate",
+        help="train the predictor in a second replica (TRACE_TRAINER=false on the measured one) or in the"
+        " measured one",
+    )
+    parser.add_argument("--trainer-threads", type=int, default=1, help="torch threads of a separate trainer")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as directory:
@@ -256,35 +360,64 @@ def main() -> None:
             "TRACE_STORE_URL": f"redis://127.0.0.1:{redis_port}/0",
             "TRACE_LOG_LEVEL": "WARNING",
         }
-        command = [sys.executable, "-m", "trace_service.cli", "serve", "--port", str(port)]
-        service = subprocess.Popen(command, env=env, cwd=Path(directory))
+        command = [sys.executable, "-m", "trace_service.cli", "serve", "--port"]
+        separate = args.trainer == "separate"
+        service = subprocess.Popen(
+            [*command, str(port)],
+            env={**env, "TRACE_TRAINER": str(not separate).lower()},
+            cwd=Path(directory),
+        )
+        # The deployed topology: serving replicas, and one replica that trains (and serves no traffic).
+        trainer_port = free_port()
+        trainer = (
+            subprocess.Popen(
+                [*command, str(trainer_port)],
+                env={**env, "TRACE_TORCH_THREADS": str(args.trainer_threads)},
+                cwd=Path(directory),
+            )
+            if separate
+            else None
+        )
         url = f"http://127.0.0.1:{port}"
         try:
             wait_until_ready(url)
+            if trainer is not None:
+                wait_until_ready(f"http://127.0.0.1:{trainer_port}")
+            # Warm-up: complete some trees and wait for trained weights, so that every call below pays
+            # for a real forward pass (version 0 answers from the prior alone).  A separate trainer then
+            # stops, as if it trained elsewhere (a GPU): the measured process is the only one serving.
+            version = asyncio.run(warm_up(url, args, random.Random(2)))
+            if trainer is not None:
+                trainer.terminate()
+                trainer.wait(timeout=60)
             allocate = asyncio.run(bench_allocate(url, args.prompts, args.budget, args.allocate_repeats))
             rng = random.Random(1)
-            saturation_bodies = asyncio.run(
-                expand_bodies(url, "bench-saturate", args.events, args.batch, args.turn_words, rng)
-            )
-            offered_bodies = asyncio.run(
-                expand_bodies(url, "bench-offered", args.events, args.batch, args.turn_words, rng)
-            )
+            # About 40 bare and 20 continuation events per tree.
+            trees = max(1, round(args.events / 60))
+            saturation = asyncio.run(workload(url, "bench-capacity", trees, args, rng))
+            offered_load = asyncio.run(workload(url, "bench-offered", trees, args, rng))
             cpu_before = cpu_seconds(service.pid)
-            saturated = asyncio.run(saturate(url, saturation_bodies, args.workers))
+            saturated = asyncio.run(saturate(url, saturation, args.workers))
             service_cpu = cpu_seconds(service.pid) - cpu_before
-            offered = asyncio.run(offer(url, offered_bodies, args.rate, args.connections))
+            offered = asyncio.run(offer(url, offered_load, args.rate, args.connections))
+            for run, job in ((saturated, "bench-capacity"), (offered, "bench-offered")):
+                stats = httpx2.get(f"{url}/v1/jobs/{job}/stats", timeout=60.0).json()["steps"]
+                run.trees = sum(step["active"] for step in stats)
+                run.completed = sum(step["trees_complete"] for step in stats)
             reference = redis_benchmark(redis_port)
         finally:
-            service.terminate()
-            service.wait(timeout=60)
+            for process in (service, trainer):
+                if process is not None:
+                    process.terminate()
+                    process.wait(timeout=60)
             redis.terminate()
             redis.wait(timeout=30)
     p50, p99 = statistics.median(allocate) * 1e3, percentile(allocate, 0.99) * 1e3
     print(f"/v1/allocate  B={args.prompts} M={args.budget}, 200-word prompts, {args.allocate_repeats} calls:")
     print(f"    p50 {p50:.1f} ms   p99 {p99:.1f} ms")
     print(
-        f"/v1/expand    batches of {args.batch} events (whole rollouts of 5 turns of {args.turn_words} words;"
-        " a tree's last batch runs its Stage 2 decision inline):"
+        f"/v1/expand    {trees} trees each way: 8 bare rollouts of 5 turns of {args.turn_words} words, then"
+        f" the continuations their instructions ask for; batches of up to {args.batch} events:"
     )
     for label, run in (
         (f"capacity, {args.workers} workers back to back", saturated),
@@ -293,11 +426,19 @@ def main() -> None:
         p50, p99 = statistics.median(run.latencies) * 1e3, percentile(run.latencies, 0.99) * 1e3
         print(
             f"    {label:38s} {run.rate:8,.0f} events/s   batch p50 {p50:6.1f} ms   p99 {p99:6.1f} ms"
-            f"   ({run.accepted}/{run.events} accepted, {run.instructions} instructions)"
+            f"   ({run.accepted}/{run.events} accepted, {run.completed}/{run.trees} trees complete)"
         )
     print(
         f"    service process CPU at capacity: {saturated.events / service_cpu:,.0f} events per CPU-second"
         " (the load generator and Redis share the same cores)"
+    )
+    print(
+        f"predictor: v{version} after the warm-up, trained "
+        + (
+            "by a second replica, stopped before the measurements"
+            if args.trainer == "separate"
+            else "in the measured process, which goes on training"
+        )
     )
     print(f"redis-benchmark (same redis-server, physical reference): {reference}")
 

@@ -100,7 +100,13 @@ def create_app(settings: Settings | None = None, *, store: TreeStore | None = No
         stop = asyncio.Event()
         tasks = [
             asyncio.create_task(
-                _every(settings.train_interval_seconds, runtime.refresh, "predictor", stop, metrics)
+                _every(
+                    settings.train_interval_seconds,
+                    lambda: runtime.refresh(train=settings.trainer),
+                    "predictor",
+                    stop,
+                    metrics,
+                )
             ),
             asyncio.create_task(
                 _every(settings.sweep_interval_seconds, engine.sweep, "sweeper", stop, metrics)

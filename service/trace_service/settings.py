@@ -39,6 +39,11 @@ class Settings(BaseSettings):
         default=0, ge=0, description="Length of client feature vectors; 0: none."
     )
     predictor_checkpoint: str = Field(default="", description="Load weights from this file at start if set.")
+    trainer: bool = Field(
+        default=True,
+        description="Train the predictor while this replica holds the trainer lease; false: serve only, "
+        "loading the weights a trainer replica publishes (on CPUs, training beside serving costs latency).",
+    )
     train_interval_seconds: float = Field(default=2.0, gt=0)
     train_steps_per_round: int = Field(default=50, ge=1)
     torch_threads: int = Field(default=0, ge=0, description="torch intra-op threads; 0: torch's default.")

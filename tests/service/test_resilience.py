@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx2
 import pytest
@@ -153,6 +154,30 @@ async def test_the_sweeper_works_through_a_long_open_list_a_slice_per_sweep(
         assert sum(acted) == 1
         offered = (await engine.claim_instructions("default", 10)).instructions
         assert sum(i.count for i in offered) == allocation.trees[-1].expansion_budget
+
+
+def test_a_serving_only_replica_uses_what_a_trainer_replica_publishes(redis_server: RedisServer) -> None:
+    """TRACE_TRAINER=false: the replica never trains, even with no trainer around; once a trainer
+    replica joins, it trains on the trees the serving replica completed and the serving one loads it."""
+    trainer_settings = make_settings(redis_server.url)
+    serving_settings = trainer_settings.model_copy(update={"trainer": False})
+    with LiveService(serving_settings) as serving, TraceClient(serving.url) as client:
+        prompts = [PromptIn(prompt_id=f"p{i}", text=f"task {i % 3}") for i in range(24)]
+        allocation = client.allocate(
+            AllocateRequest(step=0, budget=96, min_rollouts=4, expansion=0.0, prompts=prompts)
+        )
+        events = [
+            e for tree in allocation.trees for j in range(tree.rollouts)
+            for e in rollout(tree.tree_id, None, 3, float(j % 2))
+        ]  # fmt: skip
+        assert len(client.expand(events).completed) == len(allocation.trees)
+        time.sleep(5 * serving_settings.train_interval_seconds)
+        assert client.predictor_info().version == 0
+        with LiveService(trainer_settings):
+            deadline = time.monotonic() + 30
+            while client.predictor_info().version == 0 and time.monotonic() < deadline:
+                time.sleep(0.1)
+        assert client.predictor_info().version > 0
 
 
 def test_nothing_is_lost_across_a_service_restart(redis_server: RedisServer) -> None:
