@@ -160,15 +160,19 @@ class Workload:
         return bodies
 
     def next(self) -> tuple[bytes, int] | None:
-        """The next body to send (continuations first), or None when nothing is ready now."""
+        """The next body to send (continuations first), counted in flight from now on until
+        :meth:`answered`; None when nothing is ready now."""
         if not self.continuations and self.waiting and (not self.bare or self.in_flight == 0):
             self.continuations, self.waiting = self.pack(self.waiting), []
         for source in (self.continuations, self.bare):
             if source:
+                self.in_flight += 1
                 return source.popleft()
         return None
 
     def answered(self, reply: dict[str, Any]) -> None:
+        """Make the continuations a batch's answer asks for; the batch is no longer in flight."""
+        self.in_flight -= 1
         for instruction in reply["instructions"]:
             node = instruction["node_id"]
             for _ in range(instruction["count"]):
@@ -234,14 +238,10 @@ async def post(
     client: httpx2.AsyncClient, workload: Workload, run: ExpandRun, item: tuple[bytes, int]
 ) -> None:
     body, events = item
-    workload.in_flight += 1
-    try:
-        answer = await client.post("/v1/expand", content=body)
-        answer.raise_for_status()
-        reply = answer.json()
-        workload.answered(reply)  # before the batch stops being in flight: its continuations are due
-    finally:
-        workload.in_flight -= 1
+    answer = await client.post("/v1/expand", content=body)
+    answer.raise_for_status()
+    reply = answer.json()
+    workload.answered(reply)
     run.events += events
     run.accepted += reply["accepted"]
     run.instructions += len(reply["instructions"])
