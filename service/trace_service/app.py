@@ -65,10 +65,6 @@ def create_app(settings: Settings | None = None, *, store: TreeStore | None = No
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if settings.torch_threads:
-            import torch
-
-            torch.set_num_threads(settings.torch_threads)
         tree_store = store or TreeStore(
             connect(settings.store_url, cluster=settings.store_cluster),
             prefix=settings.store_prefix,
@@ -79,6 +75,12 @@ def create_app(settings: Settings | None = None, *, store: TreeStore | None = No
         model = build_predictor(
             settings.predictor_device, settings.predictor_feature_dim, settings.predictor_checkpoint
         )
+        if settings.torch_threads or model.device.type == "cpu":
+            import torch
+
+            # A serving replica's forward passes are small: on a CPU, intra-op threads wait on each
+            # other (and on the event loop's core) more than they help.
+            torch.set_num_threads(settings.torch_threads or 1)
         runtime = PredictorRuntime(
             model,
             tree_store,

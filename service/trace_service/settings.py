@@ -46,7 +46,12 @@ class Settings(BaseSettings):
     )
     train_interval_seconds: float = Field(default=2.0, gt=0)
     train_steps_per_round: int = Field(default=50, ge=1)
-    torch_threads: int = Field(default=0, ge=0, description="torch intra-op threads; 0: torch's default.")
+    torch_threads: int = Field(
+        default=0,
+        ge=0,
+        description="torch intra-op threads; 0: one when the predictor runs on the CPU, torch's default "
+        "on a GPU.",
+    )
 
     # Ops
     log_level: str = "INFO"
