@@ -48,7 +48,7 @@ from trace_service.metrics import Metrics
 from trace_service.predictor import OutcomeCounts, Query, Turn
 from trace_service.runtime import PredictorRuntime
 from trace_service.settings import Settings
-from trace_service.store import NewTree, StoredTree, TreeStore
+from trace_service.store import NewTree, StoredTree, TreeMeta, TreeStore
 from trace_service.tree import advantages, prefix_candidates
 
 logger = logging.getLogger(__name__)
@@ -295,7 +295,7 @@ class Engine:
                 tree_id, batch.decision_round, batch.token, inline=True, tree=batch.tree
             )
         elif batch.completed:
-            await self._on_completed(tree_id)
+            await self._on_completed(tree_id, batch.meta)
         elif batch.status == "expanding" and _resent_rollout_ends(events, codes):
             instructions = await self._reoffer(job, tree_id)
         return codes, instructions, completed
@@ -363,7 +363,7 @@ class Engine:
         self.metrics.budget_fallback.labels(meta.job).inc(fallback)
         self.metrics.budget_unspent.labels(meta.job).inc(returned)
         if completed:
-            await self._on_completed(tree_id)
+            await self._on_completed(tree_id, meta)
         return instructions, completed
 
     async def _prefix_counts(
@@ -392,11 +392,12 @@ class Engine:
             return random_branching(len(node_ids), share, self._rng), node_ids, {}, 0, share
         return spread_evenly(np.ones(len(node_ids), dtype=bool), share), node_ids, {}, 0, share
 
-    async def _on_completed(self, tree_id: str) -> None:
+    async def _on_completed(self, tree_id: str, meta: TreeMeta | None = None) -> None:
         """Bookkeeping once a tree is finished: the prompt's outcome history (counted once per tree), a
         training example for the predictor, metrics; then it leaves the open list.  If this fails
-        part-way the sweeper finds the finished tree still open and runs it again."""
-        meta = (await self.store.load_metas([tree_id]))[0]
+        part-way the sweeper finds the finished tree still open and runs it again.  ``meta`` is the
+        tree's header when the caller has it (its counters no longer change)."""
+        meta = meta or (await self.store.load_metas([tree_id]))[0]
         if meta is None:
             return
         counted = await self.store.record_prompt_outcome(

@@ -25,9 +25,17 @@ def test_collate_lays_out_prompt_earlier_and_latest_bags() -> None:
     queries = [Query(root), Query(first), Query(second)]
     inputs = collate(queries, feature_dim=0, max_history_tokens=100, prior_successes=1, prior_failures=1)
 
-    prompt_ids = root.prompt_tokens.tolist()
-    assert inputs.prompt_ids.tolist() == prompt_ids * 3
-    assert inputs.prompt_offsets.tolist() == [0, 3, 6]
+    # One tree's histories share their prompt: its bag is pooled once and indexed by every row.
+    assert inputs.prompt_ids.tolist() == root.prompt_tokens.tolist()
+    assert inputs.prompt_offsets.tolist() == [0]
+    assert inputs.prompt_index.tolist() == [0, 0, 0]
+    other = featurizer.encode_prompt("q", "alpha beta")  # the same text, another prompt's array
+    mixed = collate(
+        [Query(first), Query(other), Query(second)],
+        feature_dim=0, max_history_tokens=100, prior_successes=1, prior_failures=1,
+    )  # fmt: skip
+    assert mixed.prompt_offsets.tolist() == [0, 3]
+    assert mixed.prompt_index.tolist() == [0, 1, 0]
     # Earlier turns: none, none, the first turn.
     assert inputs.earlier_ids.tolist() == first.turn_tokens[0].tolist()
     assert inputs.earlier_offsets.tolist() == [0, 0, 0]

@@ -166,21 +166,17 @@ class EncodedHistory:
         """Number of turns so far (0 for the prompt alone)."""
         return len(self.turn_tokens)
 
-    def structural_features(self) -> FloatVector:
-        """The values named by :data:`STRUCTURAL_FEATURE_NAMES`; counts are before token truncation."""
+    def structural_counts(self) -> tuple[float, float, float, float, float]:
+        """Depth, prompt tokens, latest turn's tokens, mean and total turn tokens (before token
+        truncation): :data:`STRUCTURAL_FEATURE_NAMES` before their log1p."""
         depth = self.depth
         latest = self.turn_token_counts[-1] if depth else 0
         mean_turn = self.turn_token_total / depth if depth else 0.0
-        return np.array(
-            [
-                math.log1p(depth),
-                math.log1p(self.prompt_token_count),
-                math.log1p(latest),
-                math.log1p(mean_turn),
-                math.log1p(self.turn_token_total),
-            ],
-            dtype=np.float32,
-        )
+        return (depth, self.prompt_token_count, latest, mean_turn, self.turn_token_total)
+
+    def structural_features(self) -> FloatVector:
+        """The values named by :data:`STRUCTURAL_FEATURE_NAMES`."""
+        return np.log1p(np.array(self.structural_counts(), dtype=np.float64)).astype(np.float32)
 
 
 @dataclass(frozen=True, slots=True)

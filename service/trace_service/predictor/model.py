@@ -15,7 +15,6 @@ training.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
@@ -47,6 +46,7 @@ class ModelInputs:
 
     prompt_ids: Tensor
     prompt_offsets: Tensor
+    prompt_index: Tensor  # each row's prompt bag: queries of one tree share their prompt's bag
     earlier_ids: Tensor
     earlier_offsets: Tensor
     latest_ids: Tensor
@@ -70,18 +70,17 @@ def dense_features(
     """Unstandardised dense rows, one per query (see the module docstring for the columns)."""
     rows = np.zeros((len(queries), dense_dim(feature_dim)), dtype=np.float32)
     structural = len(STRUCTURAL_FEATURE_NAMES)
-    for row, query in enumerate(queries):
-        history, outcomes = query.history, query.outcomes
-        rows[row, :structural] = history.structural_features()
-        rows[row, structural] = outcomes.posterior_mean(prior_successes, prior_failures)
-        rows[row, structural + 1] = math.log1p(outcomes.trials)
-        if feature_dim > 0:
-            column = structural + 2
-            for vector in (history.prompt_features, history.latest_features):
-                if vector is not None:
-                    rows[row, column] = 1.0
-                    rows[row, column + 1 : column + 1 + feature_dim] = vector
-                column += 1 + feature_dim
+    counts = np.array([query.history.structural_counts() for query in queries], dtype=np.float64)
+    rows[:, :structural] = np.log1p(counts.reshape(len(queries), structural))
+    rows[:, structural] = prior_means(queries, prior_successes, prior_failures)
+    rows[:, structural + 1] = np.log1p([query.outcomes.trials for query in queries])
+    for row, query in enumerate(queries if feature_dim > 0 else ()):
+        column = structural + 2
+        for vector in (query.history.prompt_features, query.history.latest_features):
+            if vector is not None:
+                rows[row, column] = 1.0
+                rows[row, column + 1 : column + 1 + feature_dim] = vector
+            column += 1 + feature_dim
     return rows
 
 
@@ -127,7 +126,17 @@ def collate(
 ) -> ModelInputs:
     """Build the CPU tensors of one batch."""
     empty = np.zeros(0, dtype=np.int64)
-    prompt_ids, prompt_offsets = _bag([query.history.prompt_tokens for query in queries])
+    # The encodings of one tree share their prompt's id array: pool each distinct prompt once.
+    slots: dict[int, int] = {}
+    prompts: list[npt.NDArray[np.int64]] = []
+    prompt_index = np.empty(len(queries), dtype=np.int64)
+    for row, query in enumerate(queries):
+        tokens = query.history.prompt_tokens
+        slot = slots.setdefault(id(tokens), len(prompts))
+        if slot == len(prompts):
+            prompts.append(tokens)
+        prompt_index[row] = slot
+    prompt_ids, prompt_offsets = _bag(prompts)
     earlier_ids, earlier_offsets = _bag(
         [_earlier_turn_ids(query.history, max_history_tokens) for query in queries]
     )
@@ -138,6 +147,7 @@ def collate(
     return ModelInputs(
         prompt_ids=prompt_ids,
         prompt_offsets=prompt_offsets,
+        prompt_index=torch.from_numpy(prompt_index),
         earlier_ids=earlier_ids,
         earlier_offsets=earlier_offsets,
         latest_ids=latest_ids,
@@ -182,7 +192,7 @@ class SuccessModel(nn.Module):
         dense = ((inputs.dense - self.dense_mean) / self.dense_scale).clamp(-_DENSE_CLIP, _DENSE_CLIP)
         features = torch.cat(
             [
-                self.prompt_bag(inputs.prompt_ids, inputs.prompt_offsets),
+                self.prompt_bag(inputs.prompt_ids, inputs.prompt_offsets)[inputs.prompt_index],
                 self.earlier_bag(inputs.earlier_ids, inputs.earlier_offsets),
                 self.latest_bag(inputs.latest_ids, inputs.latest_offsets),
                 dense,

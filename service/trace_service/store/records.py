@@ -252,8 +252,8 @@ class AppliedBatch:
 
     ``decision_round`` > 0 hands the caller the claim (``token``) on that Stage 2 round, and ``tree`` the
     tree as that decision must see it; ``completed`` is true for exactly the one batch that completed
-    the tree; ``fully_started`` lists the instructions whose continuations have now all started (they
-    leave the claim queue).
+    the tree, which also gets its header (``meta``); ``fully_started`` lists the instructions whose
+    continuations have now all started (they leave the claim queue).
     """
 
     outcomes: list[EventOutcome]
@@ -266,6 +266,7 @@ class AppliedBatch:
     new_bare_leaves: int
     new_continuation_leaves: int
     tree: StoredTree | None = None
+    meta: TreeMeta | None = None
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ _SCRIPTS = (
     "write_expire",
     "tree_progress",
     "load_tree",
+    "push_completed",
 )
 
 
@@ -234,6 +235,7 @@ class TreeStore:
             new_bare_leaves=int(result["bare_leaves"]),
             new_continuation_leaves=int(result["cont_leaves"]),
             tree=_stored_tree(tree_id, *raw[1:]) if len(raw) == 5 else None,
+            meta=TreeMeta.from_hash(tree_id, _pairs(raw[1])) if len(raw) == 2 else None,
         )
 
     async def commit_decision(
@@ -386,9 +388,8 @@ class TreeStore:
     # --- predictor -----------------------------------------------------------------------------------
 
     async def push_completed(self, tree_id: str, cap: int = 100_000) -> None:
-        key = self.keys.completed_trees
-        await self._write(key, self.job_ttl, "LPUSH", tree_id)
-        await self.redis.ltrim(key, 0, cap - 1)
+        """Queue a completed tree for predictor training (the newest ``cap`` are kept)."""
+        await self._run("push_completed", [self.keys.completed_trees], [tree_id, cap, self.job_ttl])
 
     async def pop_completed(self, count: int) -> list[str]:
         raw = await self.redis.rpop(self.keys.completed_trees, count)

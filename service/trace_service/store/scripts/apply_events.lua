@@ -3,9 +3,9 @@
 -- ARGV: events (JSON list of [event_id, node_id, parent_id, text, features, done, reward, instruction_id];
 --       "" stands for absent), now (seconds), ttl (seconds), success threshold, decision lease (seconds),
 --       a fresh token naming this caller's claim on a Stage 2 decision
--- Returns {summary}, or {summary, meta, nodes, instructions, predictions} when this caller claims a
+-- Returns {summary}; {summary, meta, nodes, instructions, predictions} when this caller claims a
 -- Stage 2 decision (the tree as the decision must see it, as flat field/value lists, which saves the
--- claimant a round trip).  summary is JSON {results = [[code, message], ...], job, status, decision
+-- claimant a round trip); {summary, meta} when this batch completed the tree (for its accounting).  summary is JSON {results = [[code, message], ...], job, status, decision
 -- (round this caller must decide, or 0), token, completed (0/1), started = [instruction ids that became
 -- fully started], bare_leaves, cont_leaves (leaves this batch added)}
 -- Codes: 200 accepted, 208 duplicate, 404 unknown tree, 409 conflict, 410 tree finished, 422 invalid.
@@ -167,6 +167,9 @@ local summary = cjson.encode({results = results, job = m.job, status = status, d
                               token = token, completed = completed, started = started,
                               bare_leaves = counters.bare_leaves - num(m.bare_leaves),
                               cont_leaves = counters.cont_leaves - num(m.cont_leaves)})
-if decision == 0 then return {summary} end
-return {summary, redis.call('HGETALL', meta_key), redis.call('HGETALL', nodes_key),
-        redis.call('HGETALL', instr_key), redis.call('HGETALL', pred_key)}
+if decision > 0 then
+  return {summary, redis.call('HGETALL', meta_key), redis.call('HGETALL', nodes_key),
+          redis.call('HGETALL', instr_key), redis.call('HGETALL', pred_key)}
+end
+if completed == 1 then return {summary, redis.call('HGETALL', meta_key)} end
+return {summary}
