@@ -125,6 +125,7 @@ class Workload:
         self.nodes = itertools.count()
         self.depth: dict[str, int] = {}  # node → its turn (1 … TURNS): where a continuation resumes
         self.in_flight = 0
+        self.failed = False
         self.waiting: list[list[dict[str, object]]] = []  # continuation rollouts not yet in a batch
         bare = [self.rollout(tree, None, 0, None, float(r % 2)) for tree in trees for r in range(ROLLOUTS)]
         self.bare = self.pack(bare)
@@ -188,7 +189,7 @@ class Workload:
 
     @property
     def finished(self) -> bool:
-        return not (self.bare or self.continuations or self.waiting or self.in_flight)
+        return self.failed or not (self.bare or self.continuations or self.waiting or self.in_flight)
 
 
 async def new_trees(url: str, job: str, trees: int, rng: random.Random) -> list[str]:
@@ -238,9 +239,13 @@ async def post(
     client: httpx2.AsyncClient, workload: Workload, run: ExpandRun, item: tuple[bytes, int]
 ) -> None:
     body, events = item
-    answer = await client.post("/v1/expand", content=body)
-    answer.raise_for_status()
-    reply = answer.json()
+    try:
+        answer = await client.post("/v1/expand", content=body)
+        answer.raise_for_status()
+        reply = answer.json()
+    except BaseException:
+        workload.failed = True  # stop the run: what this batch would have started never comes
+        raise
     workload.answered(reply)
     run.events += events
     run.accepted += reply["accepted"]
