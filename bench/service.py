@@ -2,11 +2,16 @@
 
     python bench/service.py [--prompts 1024] [--budget 16384] [--events 20000] [--batch 100] [--rate 10000]
 
-Starts a throwaway redis-server and one `trace-rollout serve` process (both on loopback), then:
+Starts a throwaway redis-server and the measured `trace-rollout serve` process (serving only) with a
+second replica that trains the predictor (`--trainer same`: the measured process trains), all on
+loopback, then:
+  0. warm-up: 100 trees through the whole flow until the service predicts with trained weights; a
+     separate trainer then stops, so every measured call pays for a real forward pass;
   1. /v1/allocate with B prompts of about 200 words and budget M, one call at a time after a warm-up
      call: latency percentiles;
-  2. /v1/expand with bare rollouts of fresh trees in batches of whole rollouts (Stage 2 decisions
-     included: they run inline when a tree's last bare rollout is reported), twice:
+  2. /v1/expand with fresh trees: bare rollouts, the Stage 2 decisions they trigger inline, the
+     continuations the instructions ask for and the completions they make, in batches of whole
+     rollouts, twice:
      a. capacity: closed loop, each of --workers workers sends its next batch when the previous one is
         answered: events/s, and the service process's events per CPU-second;
      b. latency at a given load: open loop at --rate events/s, each batch's latency counted from when
