@@ -48,7 +48,7 @@ from trace_service.metrics import Metrics
 from trace_service.predictor import OutcomeCounts, Query, Turn
 from trace_service.runtime import PredictorRuntime
 from trace_service.settings import Settings
-from trace_service.store import NewTree, StoredTree, TreeMeta, TreeStore
+from trace_service.store import AppliedBatch, NewTree, StoredTree, TreeMeta, TreeStore
 from trace_service.tree import advantages, prefix_candidates
 
 logger = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ _TRACE_ROOTS = {Policy.TRACE, Policy.TRACE_ROOT}
 #: Stage 2 of each policy: TRACE's greedy, random prefixes (TreePO), or an even spread (uniform family).
 _TRACE_PREFIXES = {Policy.TRACE, Policy.TRACE_PREFIX}
 _RANDOM_PREFIXES = {Policy.TREEPO, Policy.TRACE_ROOT}
-#: Trees whose events are applied concurrently, over all requests of this process.
+#: Trees whose follow-ups (decisions, completions) run concurrently, over all requests of this process.
 _CONCURRENT_TREES = 32
 #: Open trees the sweeper checks per store round trip (small: Redis runs one script at a time, and
 #: requests wait behind it), and round trips per job and sweep.
@@ -90,7 +90,7 @@ class Engine:
         self.metrics = metrics
         self.clock = clock
         self._rng = np.random.default_rng()
-        # Trees of all requests worked on at once: bounds store connections (the embedded store's pool
+        # Trees of all requests followed up at once: bounds store connections (the embedded store's pool
         # holds 100) and keeps one huge batch from starving the others.
         self._tree_slots = asyncio.Semaphore(_CONCURRENT_TREES)
         # Where each job's sweep resumes (an SSCAN cursor) when its open list is longer than one sweep.
@@ -230,8 +230,19 @@ class Engine:
             for index, event in enumerate(events):
                 by_tree.setdefault(event.tree_id, []).append(index)
             by_tree = {tree_id: parents_first(events, indices) for tree_id, indices in by_tree.items()}
+            tree_events = [(tree_id, [events[i] for i in idx]) for tree_id, idx in by_tree.items()]
+            # Every tree's events in one store round trip; what they make due, tree by tree.
+            batches = await self.store.apply_events(
+                tree_events,
+                now=self.clock(),
+                success_threshold=self.settings.success_threshold,
+                decision_lease=self.settings.decision_lease_seconds,
+            )
             outcomes = await asyncio.gather(
-                *(self._expand_tree(tree_id, [events[i] for i in idx]) for tree_id, idx in by_tree.items())
+                *(
+                    self._follow_up(tree_id, tree_batch, batch)
+                    for (tree_id, tree_batch), batch in zip(tree_events, batches, strict=True)
+                )
             )
         accepted = duplicates = 0
         rejected: list[RejectedEvent] = []
@@ -263,42 +274,31 @@ class Engine:
             completed=completed,
         )
 
-    async def _expand_tree(
-        self, tree_id: str, events: list[ExpandEvent]
+    async def _follow_up(
+        self, tree_id: str, events: list[ExpandEvent], batch: AppliedBatch
     ) -> tuple[list[tuple[int, str]], list[Instruction], bool]:
-        async with self._tree_slots:
-            return await self._apply_tree_events(tree_id, events)
-
-    async def _apply_tree_events(
-        self, tree_id: str, events: list[ExpandEvent]
-    ) -> tuple[list[tuple[int, str]], list[Instruction], bool]:
-        now = self.clock()
-        batch = await self.store.apply_events(
-            tree_id,
-            events,
-            now=now,
-            success_threshold=self.settings.success_threshold,
-            decision_lease=self.settings.decision_lease_seconds,
-        )
+        """What one tree's applied events make due: a Stage 2 decision, the tree's completion, or the
+        instructions again for a worker that resent its rollout ends."""
         codes = [(outcome.code, outcome.message) for outcome in batch.outcomes]
         job = batch.job
         if not job:  # unknown tree: every event was rejected
             return codes, [], False
-        self.metrics.budget_spent.labels(job, "bare").inc(batch.new_bare_leaves)
-        self.metrics.budget_spent.labels(job, "continuation").inc(batch.new_continuation_leaves)
-        if batch.fully_started:
-            await self.store.dequeue_instructions(job, [(tree_id, i) for i in batch.fully_started])
-        instructions: list[Instruction] = []
-        completed = batch.completed
-        if batch.decision_round:
-            instructions, completed = await self.decide(
-                tree_id, batch.decision_round, batch.token, inline=True, tree=batch.tree
-            )
-        elif batch.completed:
-            await self._on_completed(tree_id, batch.meta)
-        elif batch.status == "expanding" and _resent_rollout_ends(events, codes):
-            instructions = await self._reoffer(job, tree_id)
-        return codes, instructions, completed
+        async with self._tree_slots:
+            self.metrics.budget_spent.labels(job, "bare").inc(batch.new_bare_leaves)
+            self.metrics.budget_spent.labels(job, "continuation").inc(batch.new_continuation_leaves)
+            if batch.fully_started:
+                await self.store.dequeue_instructions(job, [(tree_id, i) for i in batch.fully_started])
+            instructions: list[Instruction] = []
+            completed = batch.completed
+            if batch.decision_round:
+                instructions, completed = await self.decide(
+                    tree_id, batch.decision_round, batch.token, inline=True, tree=batch.tree
+                )
+            elif batch.completed:
+                await self._on_completed(tree_id, batch.meta)
+            elif batch.status == "expanding" and _resent_rollout_ends(events, codes):
+                instructions = await self._reoffer(job, tree_id)
+            return codes, instructions, completed
 
     async def _reoffer(self, job: str, tree_id: str) -> list[Instruction]:
         """A worker resending rollout ends it already reported most likely lost the answer that carried

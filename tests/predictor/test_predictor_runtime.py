@@ -130,7 +130,7 @@ async def test_encoding_part_of_a_tree_gives_those_nodes_and_their_ancestors_the
         ),
         ExpandEvent(event_id="e4", tree_id="t", node_id="b1", text="look around", done=True, reward=0),
     ]
-    await store.apply_events("t", events, now=1.0, success_threshold=0.5, decision_lease=30.0)
+    await store.apply_events([("t", events)], now=1.0, success_threshold=0.5, decision_lease=30.0)
     tree = await store.load_tree("t")
     assert tree is not None
     full_root, full = runtime.encode_tree(tree)

@@ -102,8 +102,8 @@ async def test_a_lapsed_stage2_decision_is_taken_over(store_url: str) -> None:
         tree_id = allocation.trees[0].tree_id
         # A replica records the last leaves and dies before deciding Stage 2: its claim just lapses.
         events = [e for j in range(2) for e in rollout(tree_id, None, 2, float(j))]
-        batch = await engine.store.apply_events(
-            tree_id, events, now=engine.clock(), success_threshold=0.5, decision_lease=0.05
+        (batch,) = await engine.store.apply_events(
+            [(tree_id, events)], now=engine.clock(), success_threshold=0.5, decision_lease=0.05
         )
         assert batch.decision_round == 1
         # The claim comes with the tree as the decision must see it: what loading it gives.
@@ -134,8 +134,8 @@ async def test_the_sweeper_works_through_a_long_open_list_a_slice_per_sweep(
         )
         tree_id = allocation.trees[-1].tree_id
         events = [e for j in range(2) for e in rollout(tree_id, None, 2, float(j))]
-        batch = await engine.store.apply_events(
-            tree_id, events, now=engine.clock(), success_threshold=0.5, decision_lease=0.0
+        (batch,) = await engine.store.apply_events(
+            [(tree_id, events)], now=engine.clock(), success_threshold=0.5, decision_lease=0.0
         )
         assert batch.decision_round == 1
         checked: list[int] = []
@@ -178,6 +178,30 @@ def test_a_serving_only_replica_uses_what_a_trainer_replica_publishes(redis_serv
             while client.predictor_info().version == 0 and time.monotonic() < deadline:
                 time.sleep(0.1)
         assert client.predictor_info().version > 0
+
+
+async def test_a_pipeline_of_scripts_survives_redis_losing_its_scripts(store_url: str) -> None:
+    """After a restart Redis has no scripts: pipelined calls that find theirs gone did not run, and run
+    again once it is loaded (never twice)."""
+    app = create_app(make_settings(store_url, sweep_interval_seconds=3600))
+    async with app.router.lifespan_context(app):
+        engine = app.state.engine
+        allocation = await engine.allocate(
+            AllocateRequest(
+                step=0, budget=4, min_rollouts=2, prompts=[PromptIn(prompt_id=f"p{i}") for i in range(2)]
+            ),
+            None,
+        )
+        batches = [(tree.tree_id, rollout(tree.tree_id, None, 2, 1.0)) for tree in allocation.trees]
+        await engine.store.redis.script_flush()
+        applied = await engine.store.apply_events(
+            batches, now=engine.clock(), success_threshold=0.5, decision_lease=30.0
+        )
+        assert [[o.code for o in batch.outcomes] for batch in applied] == [[200, 200], [200, 200]]
+        again = await engine.store.apply_events(
+            batches, now=engine.clock(), success_threshold=0.5, decision_lease=30.0
+        )
+        assert [[o.code for o in batch.outcomes] for batch in again] == [[208, 208], [208, 208]]
 
 
 def test_nothing_is_lost_across_a_service_restart(redis_server: RedisServer) -> None:

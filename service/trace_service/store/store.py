@@ -18,6 +18,7 @@ import orjson
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
 from trace_proto import ExpandEvent
 from trace_service.store.keys import KeySpace
@@ -111,9 +112,9 @@ class TreeStore:
     ) -> list[Any]:
         """Several script calls and their results.  ``ordered`` calls run one after another (each
         retried on its own if Redis lost its scripts, so none can run twice).  Unordered ones go in one
-        pipeline on a single Redis (redis-py checks the scripts exist first: one more round trip, worth
-        it for an allocation's many calls); on a Cluster, whose pipelines refuse scripts, they run
-        concurrently (each call still touches one slot)."""
+        pipeline on a single Redis; the few that find their script gone (Redis restarted) did not run
+        and run again on their own.  On a Cluster, whose pipelines refuse scripts, they run concurrently
+        (each call still touches one slot)."""
         if ordered:
             return [await self._run(*call) for call in calls]
         if isinstance(self.redis, RedisCluster):
@@ -124,9 +125,14 @@ class TreeStore:
             return results
         async with self.redis.pipeline(transaction=False) as pipe:
             for name, keys, args in calls:
-                # redis-py queues a script on a pipeline and loads it first if the server lacks it.
-                await self._scripts[name](keys=keys, args=args, client=pipe)
-            return list(await pipe.execute())
+                pipe.execute_command("EVALSHA", self._scripts[name].sha, len(keys), *keys, *args)
+            results = list(await pipe.execute(raise_on_error=False))
+        for index, result in enumerate(results):
+            if isinstance(result, NoScriptError):
+                results[index] = await self._run(*calls[index])  # loads the script, then runs it
+            elif isinstance(result, Exception):
+                raise result
+        return results
 
     # --- allocation ---------------------------------------------------------------------------------
 
@@ -202,41 +208,33 @@ class TreeStore:
 
     async def apply_events(
         self,
-        tree_id: str,
-        events: Sequence[ExpandEvent],
+        batches: Sequence[tuple[str, Sequence[ExpandEvent]]],
         *,
         now: float,
         success_threshold: float,
         decision_lease: float,
-    ) -> AppliedBatch:
-        keys = self.keys.tree(tree_id)
-        raw = await self._run(
-            "apply_events",
-            [keys.meta, keys.nodes, keys.events, keys.instructions, keys.predictions],
-            [
-                orjson.dumps([_event_row(event) for event in events]),
-                now,
-                self.tree_ttl,
-                success_threshold,
-                decision_lease,
-                uuid.uuid4().hex,
-            ],
-        )
-        result = orjson.loads(raw[0])
-        return AppliedBatch(
-            outcomes=[EventOutcome(int(code), str(message)) for code, message in result["results"]],
-            job=result["job"],
-            status=result["status"],
-            decision_round=int(result["decision"]),
-            token=result["token"],
-            completed=bool(result["completed"]),
-            # cjson writes an empty table as {}: no instruction became fully started.
-            fully_started=list(result["started"]) if isinstance(result["started"], list) else [],
-            new_bare_leaves=int(result["bare_leaves"]),
-            new_continuation_leaves=int(result["cont_leaves"]),
-            tree=_stored_tree(tree_id, *raw[1:]) if len(raw) == 5 else None,
-            meta=TreeMeta.from_hash(tree_id, _pairs(raw[1])) if len(raw) == 2 else None,
-        )
+    ) -> list[AppliedBatch]:
+        """Apply each tree's batch of events atomically (``apply_events.lua``); all trees in one round
+        trip on a single Redis."""
+        calls = []
+        for tree_id, events in batches:
+            keys = self.keys.tree(tree_id)
+            calls.append(
+                (
+                    "apply_events",
+                    [keys.meta, keys.nodes, keys.events, keys.instructions, keys.predictions],
+                    [
+                        orjson.dumps([_event_row(event) for event in events]),
+                        now,
+                        self.tree_ttl,
+                        success_threshold,
+                        decision_lease,
+                        uuid.uuid4().hex,
+                    ],
+                )
+            )
+        results = await self._run_many(calls)
+        return [_applied(tree_id, raw) for (tree_id, _), raw in zip(batches, results, strict=True)]
 
     async def commit_decision(
         self,
@@ -418,6 +416,25 @@ class TreeStore:
             await self.redis.pexpire(key, int(ttl * 1000))
             return True
         return False
+
+
+def _applied(tree_id: str, raw: list[Any]) -> AppliedBatch:
+    """What apply_events.lua returned for one tree."""
+    result = orjson.loads(raw[0])
+    return AppliedBatch(
+        outcomes=[EventOutcome(int(code), str(message)) for code, message in result["results"]],
+        job=result["job"],
+        status=result["status"],
+        decision_round=int(result["decision"]),
+        token=result["token"],
+        completed=bool(result["completed"]),
+        # cjson writes an empty table as {}: no instruction became fully started.
+        fully_started=list(result["started"]) if isinstance(result["started"], list) else [],
+        new_bare_leaves=int(result["bare_leaves"]),
+        new_continuation_leaves=int(result["cont_leaves"]),
+        tree=_stored_tree(tree_id, *raw[1:]) if len(raw) == 5 else None,
+        meta=TreeMeta.from_hash(tree_id, _pairs(raw[1])) if len(raw) == 2 else None,
+    )
 
 
 def _stored_tree(
