@@ -126,6 +126,7 @@ def create_app(settings: Settings | None = None, *, store: TreeStore | None = No
             if metrics_server is not None:
                 metrics_server.shutdown()
                 metrics_server.server_close()
+            gc.unfreeze()
 
     app = FastAPI(
         title="trace-rollout",

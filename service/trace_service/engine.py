@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
+from redis.exceptions import RedisError
 
 from trace_proto import (
     AllocateRequest,
@@ -48,7 +49,7 @@ from trace_service.metrics import Metrics
 from trace_service.predictor import OutcomeCounts, Query, Turn
 from trace_service.runtime import PredictorRuntime
 from trace_service.settings import Settings
-from trace_service.store import AppliedBatch, NewTree, StoredTree, TreeMeta, TreeStore
+from trace_service.store import AppliedBatch, NewTree, StoredTree, TreeMeta, TreeProgress, TreeStore
 from trace_service.tree import advantages, prefix_candidates
 
 logger = logging.getLogger(__name__)
@@ -238,12 +239,18 @@ class Engine:
                 success_threshold=self.settings.success_threshold,
                 decision_lease=self.settings.decision_lease_seconds,
             )
+            # A tree whose events failed to apply does not stop the others' follow-ups; the request
+            # then fails, and its retry finds the others' events already recorded (208).
             outcomes = await asyncio.gather(
                 *(
                     self._follow_up(tree_id, tree_batch, batch)
                     for (tree_id, tree_batch), batch in zip(tree_events, batches, strict=True)
+                    if not isinstance(batch, Exception)
                 )
             )
+            failures = [batch for batch in batches if isinstance(batch, Exception)]
+            if failures:
+                raise failures[0]
         accepted = duplicates = 0
         rejected: list[RejectedEvent] = []
         instructions: list[Instruction] = []
@@ -450,14 +457,16 @@ class Engine:
         """
         acted = 0
         for job in await self.store.jobs():
-            cursor = self._sweep_cursors.pop(job, 0)
+            cursor = self._sweep_cursors.get(job, 0)
             for _ in range(_SWEEP_PAGES):
                 cursor, page = await self.store.open_trees(job, cursor, _SWEEP_PAGE)
+                if cursor:  # resume after this page next time, even if something below fails
+                    self._sweep_cursors[job] = cursor
+                else:
+                    self._sweep_cursors.pop(job, None)
                 acted += await self._sweep_page(job, page)
                 if cursor == 0:
                     break
-            if cursor:
-                self._sweep_cursors[job] = cursor
         return acted
 
     async def _sweep_page(self, job: str, tree_ids: list[str]) -> int:
@@ -466,19 +475,29 @@ class Engine:
         acted = 0
         now = self.clock()
         for tree_id, progress in zip(tree_ids, await self.store.progress(tree_ids), strict=True):
-            if progress is None:  # expired
-                await self.store.forget_open(job, tree_id)
-            elif progress.finished:
-                await self._on_completed(tree_id)
-                acted += 1
-            elif progress.claim_lapsed(now):
-                round_, token = await self.store.take_over_decision(
-                    tree_id, now=now, lease=self.settings.decision_lease_seconds
-                )
-                if round_:
-                    await self.decide(tree_id, round_, token, inline=False)
-                    acted += 1
+            try:
+                acted += await self._sweep_tree(job, tree_id, progress, now)
+            except (RedisError, OSError):
+                raise  # the store is down: the whole sweep waits for the next interval
+            except Exception:  # one damaged tree must not keep the sweeper from the others
+                logger.exception("sweeper: tree %s of job %s failed", tree_id, job)
         return acted
+
+    async def _sweep_tree(self, job: str, tree_id: str, progress: TreeProgress | None, now: float) -> int:
+        if progress is None:  # expired
+            await self.store.forget_open(job, tree_id)
+            return 0
+        if progress.finished:
+            await self._on_completed(tree_id)
+            return 1
+        if progress.claim_lapsed(now):
+            round_, token = await self.store.take_over_decision(
+                tree_id, now=now, lease=self.settings.decision_lease_seconds
+            )
+            if round_:
+                await self.decide(tree_id, round_, token, inline=False)
+                return 1
+        return 0
 
     # --- trees -------------------------------------------------------------------------------------
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from typing import Any
 
 import httpx2
 import pytest
+from redis.exceptions import DataError
 from support import LiveService, RedisServer, free_port, make_settings, rollout, turn
 
 from trace_client import AsyncTraceClient, TraceClient
@@ -202,6 +205,77 @@ async def test_a_pipeline_of_scripts_survives_redis_losing_its_scripts(store_url
             batches, now=engine.clock(), success_threshold=0.5, decision_lease=30.0
         )
         assert [[o.code for o in batch.outcomes] for batch in again] == [[208, 208], [208, 208]]
+
+
+async def test_a_damaged_tree_fails_alone_and_old_trees_stay_readable(store_url: str) -> None:
+    """One tree whose stored state cannot be read fails the request (503, retried), but the other trees
+    of the request are recorded and followed up; a tree written before the prompt text had its own
+    field still loads."""
+    app = create_app(make_settings(store_url, sweep_interval_seconds=3600))
+    async with app.router.lifespan_context(app):
+        engine = app.state.engine
+        prompts = [PromptIn(prompt_id=f"p{i}", text=f"prompt {i}") for i in range(2)]
+        allocation = await engine.allocate(
+            AllocateRequest(step=0, budget=4, min_rollouts=2, expansion=1.0, prompts=prompts), None
+        )
+        damaged, healthy = (tree.tree_id for tree in allocation.trees)
+        redis, keys = engine.store.redis, engine.store.keys
+        await redis.hset(keys.tree(damaged).meta, "spec", "{not json")
+        # The layout of the previous release: the prompt text inside the spec, no field of its own.
+        spec = json.loads(await redis.hget(keys.tree(healthy).meta, "spec"))
+        await redis.hset(keys.tree(healthy).meta, "spec", json.dumps({**spec, "text": "prompt 1"}))
+        await redis.hdel(keys.tree(healthy).meta, "prompt")
+        events = [
+            e for tree_id in (damaged, healthy) for j in range(2) for e in rollout(tree_id, None, 2, float(j))
+        ]
+        with pytest.raises(DataError, match=damaged):
+            await engine.expand(events)
+        tree = await engine.store.load_tree(healthy)
+        assert tree is not None and tree.prompt_text == "prompt 1"
+        assert sum(i.count for i in tree.instructions.values()) == allocation.trees[1].expansion_budget
+
+
+async def test_one_tree_that_fails_does_not_stop_the_sweeper(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = create_app(make_settings(store_url, sweep_interval_seconds=3600))
+    async with app.router.lifespan_context(app):
+        engine = app.state.engine
+        prompts = [PromptIn(prompt_id=f"p{i}") for i in range(3)]
+        allocation = await engine.allocate(
+            AllocateRequest(step=0, budget=6, min_rollouts=2, expansion=0.0, prompts=prompts), None
+        )
+        trees = [tree.tree_id for tree in allocation.trees]
+        # Finished trees whose accounting never ran (their replica died right after the last event).
+        applied = await engine.store.apply_events(
+            [
+                (tree_id, [e for j in range(2) for e in rollout(tree_id, None, 2, float(j))])
+                for tree_id in trees
+            ],
+            now=engine.clock(),
+            success_threshold=0.5,
+            decision_lease=30.0,
+        )
+        assert all(not isinstance(batch, Exception) and batch.completed for batch in applied)
+        original = engine._on_completed
+
+        async def failing_for_one(tree_id: str, meta: object = None) -> None:
+            if tree_id == trees[0]:
+                raise RuntimeError("a damaged tree")
+            await original(tree_id)
+
+        monkeypatch.setattr(engine, "_on_completed", failing_for_one)
+        assert await engine.sweep() == 2
+        assert set(await _open_trees(engine, "default")) == {trees[0]}
+
+
+async def _open_trees(engine: Any, job: str) -> list[str]:
+    cursor, found = 0, []
+    while True:
+        cursor, page = await engine.store.open_trees(job, cursor)
+        found.extend(page)
+        if cursor == 0:
+            return found
 
 
 def test_nothing_is_lost_across_a_service_restart(redis_server: RedisServer) -> None:

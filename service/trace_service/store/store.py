@@ -18,7 +18,7 @@ import orjson
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError
+from redis.exceptions import DataError, NoScriptError, RedisError
 
 from trace_proto import ExpandEvent
 from trace_service.store.keys import KeySpace
@@ -110,18 +110,29 @@ class TreeStore:
     async def _run_many(
         self, calls: Sequence[tuple[str, list[str], list[Any]]], *, ordered: bool = False
     ) -> list[Any]:
-        """Several script calls and their results.  ``ordered`` calls run one after another (each
-        retried on its own if Redis lost its scripts, so none can run twice).  Unordered ones go in one
-        pipeline on a single Redis; the few that find their script gone (Redis restarted) did not run
-        and run again on their own.  On a Cluster, whose pipelines refuse scripts, they run concurrently
-        (each call still touches one slot)."""
+        """Several script calls and their results (raises the first failure).  ``ordered`` calls run
+        one after another (each retried on its own if Redis lost its scripts, so none can run twice);
+        unordered ones as :meth:`_run_each`."""
         if ordered:
             return [await self._run(*call) for call in calls]
+        results = await self._run_each(calls)
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
+        return results
+
+    async def _run_each(self, calls: Sequence[tuple[str, list[str], list[Any]]]) -> list[Any]:
+        """Independent script calls, each with its result or the exception it raised.  One pipeline on a
+        single Redis; the calls that find their script gone (Redis restarted) did not run and run again
+        on their own.  On a Cluster, whose pipelines refuse scripts, they run concurrently (each call
+        still touches one slot)."""
         if isinstance(self.redis, RedisCluster):
-            results = []
+            results: list[Any] = []
             for start in range(0, len(calls), _CLUSTER_FANOUT):
                 chunk = calls[start : start + _CLUSTER_FANOUT]
-                results.extend(await asyncio.gather(*(self._run(*call) for call in chunk)))
+                results.extend(
+                    await asyncio.gather(*(self._run(*call) for call in chunk), return_exceptions=True)
+                )
             return results
         async with self.redis.pipeline(transaction=False) as pipe:
             for name, keys, args in calls:
@@ -129,9 +140,10 @@ class TreeStore:
             results = list(await pipe.execute(raise_on_error=False))
         for index, result in enumerate(results):
             if isinstance(result, NoScriptError):
-                results[index] = await self._run(*calls[index])  # loads the script, then runs it
-            elif isinstance(result, Exception):
-                raise result
+                try:
+                    results[index] = await self._run(*calls[index])  # loads the script, then runs it
+                except RedisError as error:
+                    results[index] = error
         return results
 
     # --- allocation ---------------------------------------------------------------------------------
@@ -213,9 +225,9 @@ class TreeStore:
         now: float,
         success_threshold: float,
         decision_lease: float,
-    ) -> list[AppliedBatch]:
+    ) -> list[AppliedBatch | Exception]:
         """Apply each tree's batch of events atomically (``apply_events.lua``); all trees in one round
-        trip on a single Redis."""
+        trip on a single Redis.  A tree whose call failed gets its exception (the others still stand)."""
         calls = []
         for tree_id, events in batches:
             keys = self.keys.tree(tree_id)
@@ -233,7 +245,7 @@ class TreeStore:
                     ],
                 )
             )
-        results = await self._run_many(calls)
+        results = await self._run_each(calls)
         return [_applied(tree_id, raw) for (tree_id, _), raw in zip(batches, results, strict=True)]
 
     async def commit_decision(
@@ -418,8 +430,17 @@ class TreeStore:
         return False
 
 
-def _applied(tree_id: str, raw: list[Any]) -> AppliedBatch:
-    """What apply_events.lua returned for one tree."""
+def _applied(tree_id: str, raw: list[Any] | Exception) -> AppliedBatch | Exception:
+    """What apply_events.lua returned for one tree, or why that failed."""
+    if isinstance(raw, Exception):
+        return raw
+    try:
+        return _parse_applied(tree_id, raw)
+    except (KeyError, ValueError, TypeError, IndexError) as error:  # a damaged tree fails alone
+        return DataError(f"tree {tree_id!r}: unreadable store reply: {error!r}")
+
+
+def _parse_applied(tree_id: str, raw: list[Any]) -> AppliedBatch:
     result = orjson.loads(raw[0])
     return AppliedBatch(
         outcomes=[EventOutcome(int(code), str(message)) for code, message in result["results"]],
@@ -445,11 +466,13 @@ def _stored_tree(
     if not meta:
         return None
     header = _pairs(meta)
+    # Trees written before the prompt text had a field of its own keep it in their spec.
+    prompt_text = header["prompt"] if "prompt" in header else orjson.loads(header["spec"]).get("text", "")
     parsed = [StoredNode.from_json(node_id, raw) for node_id, raw in _pairs(nodes).items()]
     parsed.sort(key=lambda node: (node.depth, node.reported_at, node.node_id))
     return StoredTree(
         meta=TreeMeta.from_hash(tree_id, header),
-        prompt_text=header["prompt"],
+        prompt_text=prompt_text,
         nodes=parsed,
         instructions={
             key: StoredInstruction.from_json(key, raw) for key, raw in _pairs(instructions).items()
