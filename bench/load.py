@@ -104,10 +104,12 @@ def free_port() -> int:
 
 
 class RedisProcess:
-    """A redis-server on a loopback port with its append-only file in `directory`; restartable in place."""
+    """A redis-server on a loopback port with its append-only file (unless turned off) in `directory`;
+    restartable in place."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, append_only: bool = True) -> None:
         self.directory = directory
+        self.append_only = append_only
         self.port = free_port()
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -118,7 +120,7 @@ class RedisProcess:
     def start(self) -> None:
         self._process = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "yes", "--dir", str(self.directory)],
+             "--appendonly", "yes" if self.append_only else "no", "--dir", str(self.directory)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )  # fmt: skip

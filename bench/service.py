@@ -45,19 +45,7 @@ import httpx2
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.load import free_port, percentile
-
-
-def wait_until_ready(url: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx2.get(f"{url}/readyz", timeout=1.0).status_code == 200:
-                return
-        except httpx2.TransportError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} did not become ready")
+from bench.load import RedisProcess, ServiceProcess, percentile
 
 
 def cpu_seconds(pid: int) -> float:
@@ -349,79 +337,53 @@ def main() -> None:
     parser.add_argument("--trainer-threads", type=int, default=1, help="torch threads of a separate trainer")
     args = parser.parse_args()
 
+    settings = {"TRACE_LOG_LEVEL": "WARNING"}
+    separate = args.trainer == "separate"
     with tempfile.TemporaryDirectory() as directory:
-        redis_port, port = free_port(), free_port()
-        redis = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(redis_port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--dir",
-                directory,
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-        env = {
-            **os.environ,
-            "TRACE_STORE_URL": f"redis://127.0.0.1:{redis_port}/0",
-            "TRACE_LOG_LEVEL": "WARNING",
-        }
-        command = [sys.executable, "-m", "trace_service.cli", "serve", "--port"]
-        separate = args.trainer == "separate"
-        service = subprocess.Popen(
-            [*command, str(port)],
-            env={**env, "TRACE_TRAINER": str(not separate).lower()},
-            cwd=Path(directory),
+        redis = RedisProcess(Path(directory), append_only=False)
+        redis.start()
+        service = ServiceProcess(
+            redis.url, Path(directory), {**settings, "TRACE_TRAINER": str(not separate).lower()}
         )
         # The deployed topology: serving replicas, and one replica that trains (and serves no traffic).
-        trainer_port = free_port()
         trainer = (
-            subprocess.Popen(
-                [*command, str(trainer_port)],
-                env={**env, "TRACE_TORCH_THREADS": str(args.trainer_threads)},
-                cwd=Path(directory),
+            ServiceProcess(
+                redis.url, Path(directory), {**settings, "TRACE_TORCH_THREADS": str(args.trainer_threads)}
             )
             if separate
             else None
         )
-        url = f"http://127.0.0.1:{port}"
+        url = service.url
         try:
-            wait_until_ready(url)
-            if trainer is not None:
-                wait_until_ready(f"http://127.0.0.1:{trainer_port}")
+            for process in (service, trainer):
+                if process is not None:
+                    process.wait_ready()
             # Warm-up: complete some trees and wait for trained weights, so that every call below pays
             # for a real forward pass (version 0 answers from the prior alone).  A separate trainer then
             # stops, as if it trained elsewhere (a GPU): the measured process is the only one serving.
             version = asyncio.run(warm_up(url, args, random.Random(2)))
             if trainer is not None:
-                trainer.terminate()
-                trainer.wait(timeout=60)
+                trainer.stop()
             allocate = asyncio.run(bench_allocate(url, args.prompts, args.budget, args.allocate_repeats))
             rng = random.Random(1)
             # About 40 bare and 20 continuation events per tree.
             trees = max(1, round(args.events / 60))
             saturation = asyncio.run(workload(url, "bench-capacity", trees, args, rng))
             offered_load = asyncio.run(workload(url, "bench-offered", trees, args, rng))
-            cpu_before = cpu_seconds(service.pid)
+            cpu_before = cpu_seconds(service.process.pid)
             saturated = asyncio.run(saturate(url, saturation, args.workers))
-            service_cpu = cpu_seconds(service.pid) - cpu_before
+            service_cpu = cpu_seconds(service.process.pid) - cpu_before
             offered = asyncio.run(offer(url, offered_load, args.rate, args.connections))
             for run, job in ((saturated, "bench-capacity"), (offered, "bench-offered")):
                 stats = httpx2.get(f"{url}/v1/jobs/{job}/stats", timeout=60.0).json()["steps"]
                 run.trees = sum(step["active"] for step in stats)
                 run.completed = sum(step["trees_complete"] for step in stats)
-            reference = redis_benchmark(redis_port)
+            reference = redis_benchmark(redis.port)
         finally:
             for process in (service, trainer):
                 if process is not None:
-                    process.terminate()
-                    process.wait(timeout=60)
-            redis.terminate()
-            redis.wait(timeout=30)
+                    process.stop()
+            redis.stop()
     p50, p99 = statistics.median(allocate) * 1e3, percentile(allocate, 0.99) * 1e3
     print(f"/v1/allocate  B={args.prompts} M={args.budget}, 200-word prompts, {args.allocate_repeats} calls:")
     print(f"    p50 {p50:.1f} ms   p99 {p99:.1f} ms")
