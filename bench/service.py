@@ -91,7 +91,6 @@ class ExpandRun:
     seconds: float = 0.0
     latencies: list[float] = field(default_factory=list)
     accepted: int = 0
-    instructions: int = 0
     trees: int = 0
     completed: int = 0
 
@@ -242,7 +241,6 @@ async def post(
     workload.answered(reply)
     run.events += events
     run.accepted += reply["accepted"]
-    run.instructions += len(reply["instructions"])
 
 
 async def saturate(url: str, workload: Workload, workers: int) -> ExpandRun:
