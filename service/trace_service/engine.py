@@ -239,6 +239,13 @@ class Engine:
                 success_threshold=self.settings.success_threshold,
                 decision_lease=self.settings.decision_lease_seconds,
             )
+            # Instructions whose continuations have all started leave the claim queue: one call per job.
+            started: dict[str, list[tuple[str, str]]] = {}
+            for (tree_id, _), batch in zip(tree_events, batches, strict=True):
+                if not isinstance(batch, Exception) and batch.fully_started:
+                    started.setdefault(batch.job, []).extend((tree_id, i) for i in batch.fully_started)
+            for job, entries in started.items():
+                await self.store.dequeue_instructions(job, entries)
             # A tree whose events failed to apply does not stop the others' follow-ups; the request
             # then fails, and its retry finds the others' events already recorded (208).
             outcomes = await asyncio.gather(
@@ -293,8 +300,6 @@ class Engine:
         async with self._tree_slots:
             self.metrics.budget_spent.labels(job, "bare").inc(batch.new_bare_leaves)
             self.metrics.budget_spent.labels(job, "continuation").inc(batch.new_continuation_leaves)
-            if batch.fully_started:
-                await self.store.dequeue_instructions(job, [(tree_id, i) for i in batch.fully_started])
             instructions: list[Instruction] = []
             completed = batch.completed
             if batch.decision_round:
