@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx2
@@ -16,6 +18,15 @@ from trace_client import AsyncTraceClient, TraceClient
 from trace_proto import AllocateRequest, PromptIn
 from trace_service import engine as engine_module
 from trace_service.app import create_app
+from trace_service.engine import Engine
+
+
+@contextlib.asynccontextmanager
+async def running_engine(store_url: str) -> AsyncIterator[Engine]:
+    """The app's engine in this test's event loop, its own sweeper slowed so that the test drives it."""
+    app = create_app(make_settings(store_url, sweep_interval_seconds=3600))
+    async with app.router.lifespan_context(app):
+        yield app.state.engine
 
 
 def one_prompt(client: TraceClient, budget: int = 4, expansion: float = 1.0) -> tuple[str, int, int]:
@@ -95,10 +106,7 @@ def test_an_unstarted_instruction_is_offered_again_after_its_lease(service: Live
 
 
 async def test_a_lapsed_stage2_decision_is_taken_over(store_url: str) -> None:
-    # The app runs in this test's event loop; its own sweeper is slowed so that the test drives it.
-    app = create_app(make_settings(store_url, sweep_interval_seconds=3600))
-    async with app.router.lifespan_context(app):
-        engine = app.state.engine
+    async with running_engine(store_url) as engine:
         allocation = await engine.allocate(
             AllocateRequest(step=0, budget=2, expansion=1.0, prompts=[PromptIn(prompt_id="p")]), None
         )
@@ -128,9 +136,7 @@ async def test_the_sweeper_works_through_a_long_open_list_a_slice_per_sweep(
     next one resumes there, so a lapsed claim anywhere in the list is still found."""
     monkeypatch.setattr(engine_module, "_SWEEP_PAGE", 50)
     monkeypatch.setattr(engine_module, "_SWEEP_PAGES", 2)
-    app = create_app(make_settings(store_url, sweep_interval_seconds=3600))
-    async with app.router.lifespan_context(app):
-        engine = app.state.engine
+    async with running_engine(store_url) as engine:
         prompts = [PromptIn(prompt_id=f"p{i}") for i in range(400)]
         allocation = await engine.allocate(
             AllocateRequest(step=0, budget=800, min_rollouts=2, expansion=1.0, prompts=prompts), None
@@ -186,9 +192,7 @@ def test_a_serving_only_replica_uses_what_a_trainer_replica_publishes(redis_serv
 async def test_a_pipeline_of_scripts_survives_redis_losing_its_scripts(store_url: str) -> None:
     """After a restart Redis has no scripts: pipelined calls that find theirs gone did not run, and run
     again once it is loaded (never twice)."""
-    app = create_app(make_settings(store_url, sweep_interval_seconds=3600))
-    async with app.router.lifespan_context(app):
-        engine = app.state.engine
+    async with running_engine(store_url) as engine:
         allocation = await engine.allocate(
             AllocateRequest(
                 step=0, budget=4, min_rollouts=2, prompts=[PromptIn(prompt_id=f"p{i}") for i in range(2)]
@@ -211,9 +215,7 @@ async def test_a_damaged_tree_fails_alone_and_old_trees_stay_readable(store_url:
     """One tree whose stored state cannot be read fails the request (503, retried), but the other trees
     of the request are recorded and followed up; a tree written before the prompt text had its own
     field still loads."""
-    app = create_app(make_settings(store_url, sweep_interval_seconds=3600))
-    async with app.router.lifespan_context(app):
-        engine = app.state.engine
+    async with running_engine(store_url) as engine:
         prompts = [PromptIn(prompt_id=f"p{i}", text=f"prompt {i}") for i in range(2)]
         allocation = await engine.allocate(
             AllocateRequest(step=0, budget=4, min_rollouts=2, expansion=1.0, prompts=prompts), None
@@ -238,9 +240,7 @@ async def test_a_damaged_tree_fails_alone_and_old_trees_stay_readable(store_url:
 async def test_one_tree_that_fails_does_not_stop_the_sweeper(
     store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    app = create_app(make_settings(store_url, sweep_interval_seconds=3600))
-    async with app.router.lifespan_context(app):
-        engine = app.state.engine
+    async with running_engine(store_url) as engine:
         prompts = [PromptIn(prompt_id=f"p{i}") for i in range(3)]
         allocation = await engine.allocate(
             AllocateRequest(step=0, budget=6, min_rollouts=2, expansion=0.0, prompts=prompts), None
