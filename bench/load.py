@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-import httpx2
+import httpx
 
 from trace_client import (
     AsyncTraceClient,
@@ -161,9 +161,9 @@ class ServiceProcess:
             if self.process.poll() is not None:
                 raise RuntimeError(f"the service exited with {self.process.returncode}: see {self.log_path}")
             try:
-                if httpx2.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
+                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
                     return
-            except httpx2.TransportError:
+            except httpx.TransportError:
                 pass
             time.sleep(0.1)
         raise TimeoutError(f"{self.url} was not ready within {timeout:.0f} s: see {self.log_path}")

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx2
+import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -74,7 +74,7 @@ async def bench_allocate(url: str, prompts: int, budget: int, repeats: int) -> l
         for step in range(repeats + 1)
     ]
     times = []
-    async with httpx2.AsyncClient(base_url=url, timeout=60.0, headers=JSON) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=60.0, headers=JSON) as client:
         for body in bodies:
             start = time.perf_counter()
             response = await client.post("/v1/allocate", content=body)
@@ -187,7 +187,7 @@ class Workload:
 async def new_trees(url: str, job: str, trees: int, rng: random.Random) -> list[str]:
     """Allocate ``trees`` prompts ``ROLLOUTS`` bare rollouts each (no Stage 1 skipping), expansion 1."""
     prompts = [{"prompt_id": f"{job}-q{i}", "text": prompt_text(rng)} for i in range(trees)]
-    async with httpx2.AsyncClient(base_url=url, timeout=60.0) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=60.0) as client:
         response = await client.post(
             "/v1/allocate",
             json={"job": job, "step": 0, "budget": trees * ROLLOUTS, "min_rollouts": ROLLOUTS,
@@ -206,7 +206,7 @@ async def warm_up(url: str, args: argparse.Namespace, rng: random.Random) -> int
     with trained weights; returns their version."""
     await saturate(url, await workload(url, "bench-warm-up", 100, args, rng), args.workers)
     deadline = time.monotonic() + 120.0
-    async with httpx2.AsyncClient(base_url=url, timeout=60.0) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=60.0) as client:
         while time.monotonic() < deadline:
             version = int((await client.get("/v1/predictor")).json()["version"])
             if version > 0:
@@ -215,20 +215,20 @@ async def warm_up(url: str, args: argparse.Namespace, rng: random.Random) -> int
     raise TimeoutError("no trained predictor weights after the warm-up")
 
 
-async def warm_client(url: str, connections: int) -> httpx2.AsyncClient:
+async def warm_client(url: str, connections: int) -> httpx.AsyncClient:
     """A client with ``connections`` open keep-alive connections (their set-up is not the service's)."""
-    client = httpx2.AsyncClient(
+    client = httpx.AsyncClient(
         base_url=url,
         timeout=60.0,
         headers=JSON,
-        limits=httpx2.Limits(max_connections=connections, max_keepalive_connections=connections),
+        limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
     )
     await asyncio.gather(*(client.get("/healthz") for _ in range(connections)))
     return client
 
 
 async def post(
-    client: httpx2.AsyncClient, workload: Workload, run: ExpandRun, item: tuple[bytes, int]
+    client: httpx.AsyncClient, workload: Workload, run: ExpandRun, item: tuple[bytes, int]
 ) -> None:
     body, events = item
     try:
@@ -373,7 +373,7 @@ def main() -> None:
             service_cpu = cpu_seconds(service.process.pid) - cpu_before
             offered = asyncio.run(offer(url, offered_load, args.rate, args.connections))
             for run, job in ((saturated, "bench-capacity"), (offered, "bench-offered")):
-                stats = httpx2.get(f"{url}/v1/jobs/{job}/stats", timeout=60.0).json()["steps"]
+                stats = httpx.get(f"{url}/v1/jobs/{job}/stats", timeout=60.0).json()["steps"]
                 run.trees = sum(step["active"] for step in stats)
                 run.completed = sum(step["trees_complete"] for step in stats)
             reference = redis_benchmark(redis.port)

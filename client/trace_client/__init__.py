@@ -2,7 +2,7 @@
 
 `TraceClient` (blocking) and `AsyncTraceClient` (asyncio) cover every v1 call; requests and answers
 are the `trace_proto` models, errors the `trace_client.errors` hierarchy. The base install needs only
-pydantic and httpx2: nothing here imports torch, numpy or the service.
+pydantic and httpx: nothing here imports torch, numpy or the service.
 """
 
 from trace_client._core import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, Backoff

@@ -18,7 +18,7 @@ from email.utils import parsedate_to_datetime
 from typing import Generic, TypeVar
 from urllib.parse import quote
 
-import httpx2
+import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from trace_client.errors import (
@@ -54,12 +54,12 @@ from trace_proto.v1.common import Identifier, JobName
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 #: Connecting should be quick; an allocation over a large pool may take a while to compute.
-DEFAULT_TIMEOUT = httpx2.Timeout(connect=2.0, read=30.0, write=10.0, pool=5.0)
+DEFAULT_TIMEOUT = httpx.Timeout(connect=2.0, read=30.0, write=10.0, pool=5.0)
 DEFAULT_MAX_RETRIES = 3
 #: Load shedding and gateway failures; any other error status would fail the same way again.
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 #: The request may not have reached the service, or its answer was lost on the way back.
-RETRYABLE_TRANSPORT_ERRORS = (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError)
+RETRYABLE_TRANSPORT_ERRORS = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
 USER_AGENT = f"trace-client/{API_VERSION}"
 _SHOWN_BODY_CHARS = 300
 
@@ -206,11 +206,11 @@ class ClientCore:
         base_url: str,
         *,
         token: str | None,
-        timeout: httpx2.Timeout | float,
+        timeout: httpx.Timeout | float,
         max_retries: int,
         backoff: Backoff | None,
     ) -> None:
-        url = httpx2.URL(base_url)
+        url = httpx.URL(base_url)
         if url.scheme not in ("http", "https") or not url.host:
             raise ValueError(f"base_url must be an absolute http(s) URL; got {base_url!r}")
         if token is not None and not token.strip():
@@ -218,16 +218,14 @@ class ClientCore:
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0; got {max_retries}")
         self.base_url = str(url).rstrip("/")
-        self.timeout = timeout if isinstance(timeout, httpx2.Timeout) else httpx2.Timeout(timeout)
+        self.timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
         self.max_retries = max_retries
         self.backoff = backoff or Backoff()
         self.headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
         if token is not None:
             self.headers["Authorization"] = f"Bearer {token}"
 
-    def build_request(
-        self, http: httpx2.Client | httpx2.AsyncClient, call: ApiCall[ModelT]
-    ) -> httpx2.Request:
+    def build_request(self, http: httpx.Client | httpx.AsyncClient, call: ApiCall[ModelT]) -> httpx.Request:
         """The request, built once so that every attempt sends the same bytes and headers."""
         headers = {**self.headers, **call.headers}
         if call.body is not None:
@@ -246,7 +244,7 @@ class ClientCore:
         return self.backoff.delay(attempt, None) if attempt < self.max_retries else None
 
     def delay_after_response(
-        self, call: ApiCall[ModelT], response: httpx2.Response, attempt: int
+        self, call: ApiCall[ModelT], response: httpx.Response, attempt: int
     ) -> float | None:
         """Seconds before the next attempt, or None: the answer is final (`parse` it)."""
         status = response.status_code
@@ -255,7 +253,7 @@ class ClientCore:
         retry_after = parse_retry_after(response.headers.get("Retry-After"), time.time())
         return self.backoff.delay(attempt, retry_after)
 
-    def parse(self, call: ApiCall[ModelT], response: httpx2.Response) -> ModelT:
+    def parse(self, call: ApiCall[ModelT], response: httpx.Response) -> ModelT:
         """The answer as its model; an error status raises the matching `TraceAPIError`."""
         status = response.status_code
         if not (200 <= status < 300 or status in call.answer_statuses):
@@ -274,13 +272,13 @@ class ClientCore:
     def connection_error(
         self, call: ApiCall[ModelT], error: Exception, attempts: int
     ) -> TraceConnectionError:
-        kind = TraceTimeoutError if isinstance(error, httpx2.TimeoutException) else TraceConnectionError
+        kind = TraceTimeoutError if isinstance(error, httpx.TimeoutException) else TraceConnectionError
         return kind(
             f"{call.method} {self.base_url}{call.path}: {type(error).__name__}: {error}", attempts=attempts
         )
 
 
-def api_error(response: httpx2.Response) -> TraceAPIError:
+def api_error(response: httpx.Response) -> TraceAPIError:
     """The exception for an error answer: from its problem details, or from the bare status if the
     body is not one (a proxy or load balancer answered)."""
     status = response.status_code

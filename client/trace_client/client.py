@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Self
 
-import httpx2
+import httpx
 
 from trace_client import _core
 from trace_client._core import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, ApiCall, Backoff, ClientCore, ModelT
@@ -41,13 +41,13 @@ class TraceClient:
     Args:
         base_url: The service, e.g. `http://trace-rollout:8000` (a path prefix is kept).
         token: Bearer token, when the service requires one.
-        timeout: Per-attempt limits (seconds, or an `httpx2.Timeout` for connect/read/write/pool).
+        timeout: Per-attempt limits (seconds, or an `httpx.Timeout` for connect/read/write/pool).
         max_retries: Retries after the first attempt, on connection failures, timeouts and
             429/502/503/504; never on other statuses.
         backoff: Wait between attempts (exponential with full jitter; `Retry-After` is honoured).
-        http_client: An `httpx2.Client` to send through (it is not closed by `close`); by default the
+        http_client: An `httpx.Client` to send through (it is not closed by `close`); by default the
             client makes and owns one.
-        transport: Transport of the client this one makes (e.g. `httpx2.MockTransport` in tests).
+        transport: Transport of the client this one makes (e.g. `httpx.MockTransport` in tests).
         sleep: How to wait between attempts (tests pass a recorder).
 
     Raises (from every call): `ValueError` for a request that v1 rejects, before anything is sent;
@@ -60,11 +60,11 @@ class TraceClient:
         base_url: str,
         *,
         token: str | None = None,
-        timeout: httpx2.Timeout | float = DEFAULT_TIMEOUT,
+        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
         max_retries: int = DEFAULT_MAX_RETRIES,
         backoff: Backoff | None = None,
-        http_client: httpx2.Client | None = None,
-        transport: httpx2.BaseTransport | None = None,
+        http_client: httpx.Client | None = None,
+        transport: httpx.BaseTransport | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if http_client is not None and transport is not None:
@@ -73,7 +73,7 @@ class TraceClient:
             base_url, token=token, timeout=timeout, max_retries=max_retries, backoff=backoff
         )
         self._owns_http = http_client is None
-        self._http = http_client or httpx2.Client(transport=transport)
+        self._http = http_client or httpx.Client(transport=transport)
         self._sleep = sleep
 
     def allocate(self, request: AllocateRequest, *, idempotency_key: str | None = None) -> AllocateResponse:
@@ -152,7 +152,7 @@ class TraceClient:
 class AsyncTraceClient:
     """Asyncio client of the trace-rollout v1 API; the same calls as `TraceClient`, awaited.
 
-    Arguments as for `TraceClient`, with an `httpx2.AsyncClient`, an `httpx2.AsyncBaseTransport` and
+    Arguments as for `TraceClient`, with an `httpx.AsyncClient`, an `httpx.AsyncBaseTransport` and
     an awaitable `sleep`.
     """
 
@@ -161,11 +161,11 @@ class AsyncTraceClient:
         base_url: str,
         *,
         token: str | None = None,
-        timeout: httpx2.Timeout | float = DEFAULT_TIMEOUT,
+        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
         max_retries: int = DEFAULT_MAX_RETRIES,
         backoff: Backoff | None = None,
-        http_client: httpx2.AsyncClient | None = None,
-        transport: httpx2.AsyncBaseTransport | None = None,
+        http_client: httpx.AsyncClient | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         if http_client is not None and transport is not None:
@@ -174,7 +174,7 @@ class AsyncTraceClient:
             base_url, token=token, timeout=timeout, max_retries=max_retries, backoff=backoff
         )
         self._owns_http = http_client is None
-        self._http = http_client or httpx2.AsyncClient(transport=transport)
+        self._http = http_client or httpx.AsyncClient(transport=transport)
         self._sleep = sleep
 
     async def allocate(

@@ -1,17 +1,17 @@
-"""Run each client test against both `TraceClient` and `AsyncTraceClient` over `httpx2.MockTransport`."""
+"""Run each client test against both `TraceClient` and `AsyncTraceClient` over `httpx.MockTransport`."""
 
 import asyncio
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx2
+import httpx
 import pytest
 
 from trace_client import AsyncTraceClient, Backoff, TraceClient
 
 BASE_URL = "http://trace.test/api"
-Handler = Callable[[httpx2.Request], httpx2.Response]
+Handler = Callable[[httpx.Request], httpx.Response]
 
 
 class BlockingFacade:
@@ -34,7 +34,7 @@ class BlockingFacade:
 class Recorder:
     """The requests a mock service received and the waits a client slept."""
 
-    requests: list[httpx2.Request] = field(default_factory=list)
+    requests: list[httpx.Request] = field(default_factory=list)
     sleeps: list[float] = field(default_factory=list)
 
 
@@ -49,12 +49,12 @@ def connect(request: pytest.FixtureRequest) -> Iterator[Connect]:
     def make(handler: Handler, **options: Any) -> tuple[Any, Recorder]:
         recorder = Recorder()
 
-        def recording_handler(sent: httpx2.Request) -> httpx2.Response:
+        def recording_handler(sent: httpx.Request) -> httpx.Response:
             recorder.requests.append(sent)
             return handler(sent)
 
         options.setdefault("backoff", Backoff(uniform=lambda: 1.0))
-        transport = httpx2.MockTransport(recording_handler)
+        transport = httpx.MockTransport(recording_handler)
         if request.param == "sync":
             client = TraceClient(BASE_URL, transport=transport, sleep=recorder.sleeps.append, **options)
             closers.append(client.close)

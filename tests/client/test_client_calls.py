@@ -6,7 +6,7 @@ from collections.abc import Callable
 from email.utils import formatdate
 from typing import Any
 
-import httpx2
+import httpx
 import pytest
 from pydantic import BaseModel
 
@@ -110,16 +110,16 @@ PREDICTOR = PredictorInfo(
 STATS = JobStats(job="run-1", steps=[])
 
 
-def answer(model: BaseModel, status: int = 200, **headers: str) -> httpx2.Response:
-    return httpx2.Response(status, content=model.model_dump_json(), headers=headers)
+def answer(model: BaseModel, status: int = 200, **headers: str) -> httpx.Response:
+    return httpx.Response(status, content=model.model_dump_json(), headers=headers)
 
 
-def problem(status: int, title: str, detail: str, **extra: Any) -> httpx2.Response:
+def problem(status: int, title: str, detail: str, **extra: Any) -> httpx.Response:
     body = {"type": "about:blank", "title": title, "status": status, "detail": detail, "request_id": "req-42"}
-    return httpx2.Response(status, json=body | extra, headers={"Content-Type": "application/problem+json"})
+    return httpx.Response(status, json=body | extra, headers={"Content-Type": "application/problem+json"})
 
 
-def with_retry_after(response: httpx2.Response, value: str) -> httpx2.Response:
+def with_retry_after(response: httpx.Response, value: str) -> httpx.Response:
     response.headers["Retry-After"] = value
     return response
 
@@ -220,7 +220,7 @@ def test_error_answers_map_to_exceptions_without_retrying(
 
 def test_error_without_problem_details_keeps_status_body_and_request_id(connect: Connect) -> None:
     client, _ = connect(
-        lambda _: httpx2.Response(502, text="<html>upstream down</html>", headers={"X-Request-ID": "edge-7"}),
+        lambda _: httpx.Response(502, text="<html>upstream down</html>", headers={"X-Request-ID": "edge-7"}),
         max_retries=0,
     )
     with pytest.raises(TraceServerError) as raised:
@@ -273,21 +273,21 @@ def test_retryable_statuses_back_off_exponentially_then_raise(
 
 
 def test_connection_errors_are_retried_then_reported(connect: Connect) -> None:
-    def refuse(request: httpx2.Request) -> httpx2.Response:
-        raise httpx2.ConnectError("connection refused", request=request)
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
 
     client, service = connect(refuse, max_retries=2)
     with pytest.raises(TraceConnectionError, match="after 3 attempts") as raised:
         client.health()
     assert not isinstance(raised.value, TraceTimeoutError)
     assert raised.value.attempts == 3
-    assert isinstance(raised.value.__cause__, httpx2.ConnectError)
+    assert isinstance(raised.value.__cause__, httpx.ConnectError)
     assert len(service.sleeps) == 2
 
 
 def test_timeouts_are_retried_then_reported_as_timeouts(connect: Connect) -> None:
-    def hang(request: httpx2.Request) -> httpx2.Response:
-        raise httpx2.ReadTimeout("timed out", request=request)
+    def hang(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("timed out", request=request)
 
     client, service = connect(hang, max_retries=1)
     with pytest.raises(TraceTimeoutError, match="ReadTimeout"):
@@ -296,13 +296,13 @@ def test_timeouts_are_retried_then_reported_as_timeouts(connect: Connect) -> Non
 
 
 def test_a_transient_failure_is_invisible_to_the_caller(connect: Connect) -> None:
-    outcomes: list[Exception | httpx2.Response] = [
-        httpx2.ConnectTimeout("slow"),
-        httpx2.RemoteProtocolError("server hung up"),
+    outcomes: list[Exception | httpx.Response] = [
+        httpx.ConnectTimeout("slow"),
+        httpx.RemoteProtocolError("server hung up"),
         answer(Health()),
     ]
 
-    def flaky(request: httpx2.Request) -> httpx2.Response:
+    def flaky(request: httpx.Request) -> httpx.Response:
         outcome = outcomes.pop(0)
         if isinstance(outcome, Exception):
             raise outcome
@@ -352,7 +352,7 @@ def test_not_ready_is_an_answer_not_an_error(connect: Connect) -> None:
 
 
 def test_an_answer_of_the_wrong_shape_is_a_response_error(connect: Connect) -> None:
-    client, _ = connect(lambda _: httpx2.Response(200, json={"status": "ok"}, headers={"X-Request-ID": "r9"}))
+    client, _ = connect(lambda _: httpx.Response(200, json={"status": "ok"}, headers={"X-Request-ID": "r9"}))
     with pytest.raises(TraceResponseError, match="not a valid PredictorInfo") as raised:
         client.predictor_info()
     assert raised.value.request_id == "r9"
@@ -399,8 +399,8 @@ def test_base_url_must_be_absolute_http(base_url: str) -> None:
 
 
 def test_sync_client_closes_only_what_it_owns() -> None:
-    transport = httpx2.MockTransport(lambda _: answer(Health()))
-    shared = httpx2.Client(transport=transport)
+    transport = httpx.MockTransport(lambda _: answer(Health()))
+    shared = httpx.Client(transport=transport)
     with TraceClient("http://trace.test", http_client=shared) as client:
         client.health()
     assert shared.get("http://trace.test/healthz").status_code == 200
@@ -412,13 +412,13 @@ def test_sync_client_closes_only_what_it_owns() -> None:
 
 
 async def test_async_client_as_a_context_manager() -> None:
-    seen: list[httpx2.Request] = []
+    seen: list[httpx.Request] = []
 
-    def handler(request: httpx2.Request) -> httpx2.Response:
+    def handler(request: httpx.Request) -> httpx.Response:
         seen.append(request)
         return answer(EXPANSION)
 
-    async with AsyncTraceClient("http://trace.test", transport=httpx2.MockTransport(handler)) as client:
+    async with AsyncTraceClient("http://trace.test", transport=httpx.MockTransport(handler)) as client:
         assert await client.expand(EVENTS) == EXPANSION
     assert json.loads(seen[0].content)["events"][0]["event_id"] == "e1"
     with pytest.raises(RuntimeError, match="closed"):

@@ -7,7 +7,7 @@ import json
 import time
 from dataclasses import replace
 
-import httpx2
+import httpx
 import pytest
 from driver_support import assert_every_promise_kept, step_request
 from support import LiveService
@@ -48,21 +48,21 @@ async def test_every_tree_completes_and_every_continuation_runs_once(
             assert all(a is b for a, b in zip(branch.history, prefix.history, strict=False))
 
 
-class LosesFirstInstructions(httpx2.AsyncBaseTransport):
+class LosesFirstInstructions(httpx.AsyncBaseTransport):
     """Forwards to the service, but the first `/v1/expand` answer carrying instructions is lost on the
     way back (the client retries: the events come back as duplicates, without the instructions)."""
 
     def __init__(self) -> None:
-        self.inner = httpx2.AsyncHTTPTransport()
+        self.inner = httpx.AsyncHTTPTransport()
         self.lost = 0
 
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         response = await self.inner.handle_async_request(request)
         body = await response.aread()
         if request.url.path == paths.EXPAND and not self.lost and json.loads(body)["instructions"]:
             self.lost += 1
-            raise httpx2.ReadTimeout("answer lost on purpose", request=request)
-        return httpx2.Response(response.status_code, headers=response.headers, content=body)
+            raise httpx.ReadTimeout("answer lost on purpose", request=request)
+        return httpx.Response(response.status_code, headers=response.headers, content=body)
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -79,29 +79,29 @@ async def test_instructions_whose_answer_was_lost_are_claimed(
     assert transport.lost == 1
 
 
-class StealsABareStart(httpx2.AsyncBaseTransport):
+class StealsABareStart(httpx.AsyncBaseTransport):
     """Forwards to the service; right after the allocation another worker starts one bare rollout of
     the first tree and never finishes it, so one of the driver's starts is rejected."""
 
     def __init__(self) -> None:
-        self.inner = httpx2.AsyncHTTPTransport()
+        self.inner = httpx.AsyncHTTPTransport()
         self.tree_id = ""
 
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         response = await self.inner.handle_async_request(request)
         if request.url.path != paths.ALLOCATE:
             return response
         body = await response.aread()
         self.tree_id = json.loads(body)["trees"][0]["tree_id"]
         intruder = ExpandEvent(event_id="intruder", tree_id=self.tree_id, node_id="intruder")
-        start = httpx2.Request(
+        start = httpx.Request(
             "POST",
             request.url.copy_with(path=paths.EXPAND),
             content=ExpandRequest(events=[intruder]).model_dump_json().encode(),
             headers={"Content-Type": "application/json"},
         )
         await (await self.inner.handle_async_request(start)).aread()
-        return httpx2.Response(response.status_code, headers=response.headers, content=body)
+        return httpx.Response(response.status_code, headers=response.headers, content=body)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

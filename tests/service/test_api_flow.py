@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-import httpx2
+import httpx
 import pytest
 from support import LiveService, rollout, turn
 
@@ -93,7 +93,7 @@ def test_a_bad_event_does_not_stop_the_others(service: LiveService) -> None:
         tree_id = allocation.trees[0].tree_id
         good = turn(tree_id, None)
         no_reward = {"event_id": "bad", "tree_id": tree_id, "node_id": "x", "done": True}
-        raw = httpx2.post(
+        raw = httpx.post(
             f"{service.url}/v1/expand", json={"events": [good.model_dump(mode="json"), no_reward, 7]}
         )
         answer = raw.json()

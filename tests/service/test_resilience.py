@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx2
+import httpx
 import pytest
 from redis.exceptions import DataError
 from support import LiveService, RedisServer, free_port, make_settings, rollout, turn
@@ -309,35 +309,35 @@ def test_redis_down_gives_clear_errors_and_recovers(redis_server: RedisServer) -
         client.expand(first)
         redis_server.stop()
         try:
-            answer = httpx2.post(f"{live.url}/v1/expand", json={"events": [turn(tree_id, None).model_dump()]})
+            answer = httpx.post(f"{live.url}/v1/expand", json={"events": [turn(tree_id, None).model_dump()]})
             assert answer.status_code == 503
             assert answer.headers["retry-after"]
             assert "unavailable" in answer.json()["detail"]
-            assert httpx2.get(f"{live.url}/readyz").status_code == 503
-            assert httpx2.get(f"{live.url}/healthz").status_code == 200
-            exposition = httpx2.get(f"{live.url}/metrics").text
+            assert httpx.get(f"{live.url}/readyz").status_code == 503
+            assert httpx.get(f"{live.url}/healthz").status_code == 200
+            exposition = httpx.get(f"{live.url}/metrics").text
             assert 'trace_store_errors_total{operation="/v1/expand"} 1.0' in exposition
             assert "trace_store_up 0.0" in exposition
         finally:
             redis_server.start()
         response = client.expand([*first, *rollout(tree_id, None, 2, 0.0)])
         assert (response.duplicates, response.accepted) == (2, 2)  # what was recorded survived
-        assert httpx2.get(f"{live.url}/readyz").status_code == 200
+        assert httpx.get(f"{live.url}/readyz").status_code == 200
 
 
 @pytest.mark.parametrize("store_url", ["embedded"], indirect=True)
 def test_auth_body_limit_and_request_ids(store_url: str) -> None:
     settings = make_settings(store_url, auth_tokens="s3cret,other", max_body_bytes=2048)
     with LiveService(settings) as live:
-        denied = httpx2.get(f"{live.url}/v1/predictor", headers={"X-Request-ID": "abc-1"})
+        denied = httpx.get(f"{live.url}/v1/predictor", headers={"X-Request-ID": "abc-1"})
         assert denied.status_code == 401
         assert denied.json()["request_id"] == "abc-1"
         assert denied.headers["x-request-id"] == "abc-1"
-        assert httpx2.get(f"{live.url}/healthz").status_code == 200  # health stays open
+        assert httpx.get(f"{live.url}/healthz").status_code == 200  # health stays open
         with TraceClient(live.url, token="other") as client:
             assert client.predictor_info().version == 0
         big = {"step": 0, "budget": 1, "prompts": [{"prompt_id": "p", "text": "x" * 4096}]}
-        too_big = httpx2.post(f"{live.url}/v1/allocate", json=big, headers={"Authorization": "Bearer s3cret"})
+        too_big = httpx.post(f"{live.url}/v1/allocate", json=big, headers={"Authorization": "Bearer s3cret"})
         assert too_big.status_code == 413
         assert too_big.headers["content-type"].startswith("application/problem+json")
 
@@ -346,5 +346,5 @@ def test_auth_body_limit_and_request_ids(store_url: str) -> None:
 def test_metrics_can_live_on_their_own_port(store_url: str) -> None:
     port = free_port()
     with LiveService(make_settings(store_url, metrics_port=port)) as live:
-        assert httpx2.get(f"{live.url}/metrics").status_code == 404
-        assert "trace_expand_events_total" in httpx2.get(f"http://127.0.0.1:{port}/metrics").text
+        assert httpx.get(f"{live.url}/metrics").status_code == 404
+        assert "trace_expand_events_total" in httpx.get(f"http://127.0.0.1:{port}/metrics").text
