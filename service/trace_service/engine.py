@@ -227,9 +227,17 @@ class Engine:
         """Record events tree by tree (each tree's batch atomically, trees concurrently), run the Stage 2
         decisions they make due, and report per event."""
         with self.metrics.expand_duration.time():
+            # An event this server cannot use is refused before anything is recorded: once stored, a
+            # bad feature vector would fail every Stage 2 decision of its tree.
+            refused: list[RejectedEvent] = []
             by_tree: dict[str, list[int]] = {}
+            feature_dim = self.predictor.featurizer.config.feature_dim
             for index, event in enumerate(events):
-                by_tree.setdefault(event.tree_id, []).append(index)
+                problem = feature_problem(event.features, feature_dim)
+                if problem is None:
+                    by_tree.setdefault(event.tree_id, []).append(index)
+                else:
+                    refused.append(RejectedEvent(event_id=event.event_id, status=422, error=problem))
             by_tree = {tree_id: parents_first(events, indices) for tree_id, indices in by_tree.items()}
             tree_events = [(tree_id, [events[i] for i in idx]) for tree_id, idx in by_tree.items()]
             # Every tree's events in one store round trip; what they make due, tree by tree.
@@ -259,7 +267,7 @@ class Engine:
             if failures:
                 raise failures[0]
         accepted = duplicates = 0
-        rejected: list[RejectedEvent] = []
+        rejected = refused
         instructions: list[Instruction] = []
         completed: list[str] = []
         for (tree_id, indices), (codes, tree_instructions, done) in zip(
@@ -344,7 +352,14 @@ class Engine:
             if tree is None:
                 return [], False
             meta = tree.meta
-            counts, node_ids, predictions, fallback, share = await self._prefix_counts(tree, round_)
+            try:
+                counts, node_ids, predictions, fallback, share = await self._prefix_counts(tree, round_)
+            except (RedisError, OSError):
+                raise  # the store is down: the claim lapses and the sweeper decides again
+            except Exception:
+                # A decision that cannot be made must not leave the tree waiting for it forever.
+                logger.exception("Stage 2 of tree %s failed; its continuations are spread evenly", tree_id)
+                counts, node_ids, predictions, fallback, share = self._fallback_counts(tree, round_)
             placed = [(node_ids[i], count) for i, count in enumerate(counts.tolist()) if count > 0]
             instructions = [
                 Instruction(instruction_id=instruction_id, tree_id=tree_id, node_id=node_id, count=count)
@@ -378,14 +393,37 @@ class Engine:
             await self._on_completed(tree_id, meta)
         return instructions, completed
 
+    def _round_share(self, meta: TreeMeta, round_: int) -> int:
+        """Continuations round ``round_`` may place: its share of the budget, less what is decided."""
+        shares = round_budgets(meta.expansion_budget, meta.rounds)
+        return max(sum(shares[:round_]) - meta.promised - meta.returned, 0)
+
+    def _fallback_counts(
+        self, tree: StoredTree, round_: int
+    ) -> tuple[IntArray, list[str], dict[str, float], int, int]:
+        """What :meth:`_prefix_counts` returns when its rule failed: the share spread evenly over the
+        candidates and counted as fallback, or returned (the caller asked for that, or not even the
+        candidates are known)."""
+        share = self._round_share(tree.meta, round_)
+        nothing = np.zeros(0, dtype=np.int64), [], {}, 0, share
+        if tree.meta.return_unspent:
+            return nothing
+        try:
+            candidates = prefix_candidates(tree.targets(self.settings.success_threshold))
+        except Exception:
+            logger.exception("tree %s has no readable prefixes; its share is returned", tree.meta.tree_id)
+            return nothing
+        node_ids = [tree.nodes[i].node_id for i in candidates.nodes]
+        counts = spread_evenly(np.ones(len(node_ids), dtype=bool), share)
+        return counts, node_ids, {}, int(counts.sum()), share
+
     async def _prefix_counts(
         self, tree: StoredTree, round_: int
     ) -> tuple[IntArray, list[str], dict[str, float], int, int]:
         """Stage 2 for one round: continuations per candidate node, the candidates' ids, Ṽ at them,
         the fallback units among the continuations, and the round's budget share."""
         meta = tree.meta
-        shares = round_budgets(meta.expansion_budget, meta.rounds)
-        share = max(sum(shares[:round_]) - meta.promised - meta.returned, 0)
+        share = self._round_share(meta, round_)
         candidates = prefix_candidates(tree.targets(self.settings.success_threshold))
         node_ids = [tree.nodes[i].node_id for i in candidates.nodes]
         if not node_ids or share == 0:
@@ -570,6 +608,22 @@ class Engine:
         ]
         version, values = await self.predictor.predict(queries)
         return PredictResponse(predictor_version=version, predictions=[float(x) for x in values])
+
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def feature_problem(features: Sequence[float] | None, feature_dim: int) -> str | None:
+    """Why the predictor could not use a client feature vector, or None if it can."""
+    if features is None:
+        return None
+    if feature_dim == 0:
+        return "this server takes no features (feature_dim=0); leave features out"
+    if len(features) != feature_dim:
+        return f"features must have exactly feature_dim={feature_dim} numbers, got {len(features)}"
+    if any(abs(value) > _FLOAT32_MAX for value in features):
+        return "features exceed the float32 range"
+    return None
 
 
 def fresh_ids(count: int) -> list[str]:
