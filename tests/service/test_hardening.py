@@ -75,3 +75,17 @@ async def test_a_stage2_decision_that_fails_falls_back_and_is_counted(store_url:
 
 def _event(**fields: object) -> ExpandEvent:
     return ExpandEvent.model_validate({"event_id": "e", "tree_id": "t", "node_id": "n", **fields})
+
+
+# --- 2. allocations of any allowed size ------------------------------------------------------------
+
+
+async def test_an_allocation_of_more_than_eight_thousand_trees_is_listed_and_counted(store_url: str) -> None:
+    async with running_engine(store_url) as engine:
+        prompts = [PromptIn(prompt_id=f"p{i}") for i in range(8_500)]
+        request = AllocateRequest(step=3, budget=17_000, min_rollouts=2, max_rollouts=2, prompts=prompts)
+        allocation = await engine.allocate(request, "key-1")
+        assert len(allocation.trees) == 8_500
+        stats = await engine.job_stats("default")
+        assert [(s.step, s.active, s.prompts) for s in stats.steps] == [(3, 8_500, 8_500)]
+        assert await engine.allocate(request, "key-1") == allocation

@@ -39,6 +39,8 @@ RedisClient = Redis | RedisCluster
 _TREES_PER_CREATE = 512
 #: Script calls in flight at once when a Cluster cannot pipeline them.
 _CLUSTER_FANOUT = 64
+#: Command arguments one write_expire.lua call passes on (Lua's unpack() fails beyond ~8,000).
+_ARGS_PER_WRITE = 4_000
 _SCRIPTS = (
     "create_trees",
     "apply_events",
@@ -107,6 +109,18 @@ class TreeStore:
         """One write command and the key's expiry, atomically (``write_expire.lua``)."""
         return await self._run("write_expire", [key], [ttl, command, *args])
 
+    @staticmethod
+    def _write_calls(
+        key: str, ttl: int, command: str, args: Sequence[Any], stride: int = 1
+    ) -> list[tuple[str, list[str], list[Any]]]:
+        """A variadic write (SADD, ZADD, HSET) as write_expire.lua calls of a bounded size each;
+        ``stride`` arguments make one item (2 for a ZADD's score and member)."""
+        size = _ARGS_PER_WRITE - _ARGS_PER_WRITE % stride
+        return [
+            ("write_expire", [key], [ttl, command, *args[start : start + size]])
+            for start in range(0, len(args), size)
+        ]
+
     async def _run_many(
         self, calls: Sequence[tuple[str, list[str], list[Any]]], *, ordered: bool = False
     ) -> list[Any]:
@@ -170,16 +184,20 @@ class TreeStore:
     async def index_allocation(
         self, job: str, step: int, allocation_id: str, prompts: int, tree_ids: Sequence[str], now: float
     ) -> None:
-        """List an allocation's trees under its job and step, and as open for the sweeper (idempotent)."""
-        writes: list[tuple[str, str, Sequence[Any]]] = [
-            (self.keys.step_trees(job, step), "SADD", tree_ids),
-            (self.keys.open_trees(job), "SADD", tree_ids),
-            (self.keys.steps(job), "ZADD", [step, step]),
-            (self.keys.steps_info(job), "HSET", [f"{step}:{allocation_id}", prompts]),
-            (self.keys.jobs, "ZADD", [now, job]),
-        ]
+        """List an allocation's trees under its job and step, and as open for the sweeper (idempotent).
+        The trees first, in bounded chunks; the step, which makes job stats count them, only once every
+        tree is listed, so a failure part-way leaves nothing that stats count (a retry completes it)."""
+        ttl, step_info = self.job_ttl, f"{step}:{allocation_id}"
         await self._run_many(
-            [("write_expire", [key], [self.job_ttl, command, *args]) for key, command, args in writes if args]
+            self._write_calls(self.keys.step_trees(job, step), ttl, "SADD", tree_ids)
+            + self._write_calls(self.keys.open_trees(job), ttl, "SADD", tree_ids)
+        )
+        await self._run_many(
+            [
+                ("write_expire", [self.keys.steps(job)], [ttl, "ZADD", step, step]),
+                ("write_expire", [self.keys.steps_info(job)], [ttl, "HSET", step_info, prompts]),
+                ("write_expire", [self.keys.jobs], [ttl, "ZADD", now, job]),
+            ]
         )
 
     async def recall_response(self, job: str, key: str) -> str | None:
@@ -268,7 +286,7 @@ class TreeStore:
         is dropped when claimed).  Returns (recorded, tree
         completed by it)."""
         keys = self.keys.tree(tree_id)
-        offer = self._offer_call(job, tree_id, {item[0]: offered_from for item in instructions})
+        offer = self._offer_calls(job, tree_id, {item[0]: offered_from for item in instructions})
         commit = (
             "commit_decision",
             [keys.meta, keys.instructions, keys.predictions],
@@ -283,7 +301,7 @@ class TreeStore:
                 self.tree_ttl,
             ],
         )
-        results = await self._run_many([offer, commit] if offer else [commit], ordered=True)
+        results = await self._run_many([*offer, commit], ordered=True)
         result = orjson.loads(results[-1])
         return bool(result["ok"]), bool(result["completed"])
 
@@ -363,17 +381,13 @@ class TreeStore:
 
     async def queue_instructions(self, job: str, tree_id: str, free_at: Mapping[str, float]) -> None:
         """Offer instructions for claiming, each from the given time on."""
-        offer = self._offer_call(job, tree_id, free_at)
-        if offer:
-            await self._run(*offer)
+        await self._run_many(self._offer_calls(job, tree_id, free_at))
 
-    def _offer_call(
+    def _offer_calls(
         self, job: str, tree_id: str, free_at: Mapping[str, float]
-    ) -> tuple[str, list[str], list[Any]] | None:
-        if not free_at:
-            return None
+    ) -> list[tuple[str, list[str], list[Any]]]:
         members = [item for instruction, at in free_at.items() for item in (at, f"{tree_id}|{instruction}")]
-        return ("write_expire", [self.keys.instruction_queue(job)], [self.job_ttl, "ZADD", *members])
+        return self._write_calls(self.keys.instruction_queue(job), self.job_ttl, "ZADD", members, stride=2)
 
     async def dequeue_instructions(self, job: str, entries: Sequence[tuple[str, str]]) -> None:
         if entries:
