@@ -157,3 +157,89 @@ def test_bad_input_raises_a_clear_error(solver: object, kwargs: dict[str, object
 def test_empty_pool_spends_nothing() -> None:
     result = allocate_roots(np.array([]), 10)
     assert result.counts.size == 0 and result.unspent == 10
+
+
+# --- The joint objective: bare rollouts and the continuations Stage 2 will branch from them -----------
+
+
+def test_joint_value_with_fresh_continuations_is_that_many_more_bare_rollouts() -> None:
+    # ρ = 1: a continuation behaves like a fresh rollout, so m bare + m·N continuations are m(N + 1) draws.
+    v = np.array([0.0, 0.05, 0.3, 0.5, 0.9, 1.0])
+    for m, n in [(1, 1), (2, 1), (2, 3), (5, 2)]:
+        joint = root_value(v, m, expansion=float(n), freshness=1.0)
+        assert joint == pytest.approx(root_value(v, m * (n + 1)), abs=1e-12)
+
+
+def test_joint_value_reduces_to_the_paper_without_flips() -> None:
+    v = np.linspace(0, 1, 11)
+    for m in range(6):
+        assert np.array_equal(root_value(v, m, expansion=2.0, freshness=0.0), root_value(v, m))
+        assert np.array_equal(root_value(v, m, expansion=0.0, freshness=0.7), root_value(v, m))
+
+
+@settings(max_examples=200, deadline=None)
+@given(probability, st.floats(0.0, 4.0), st.floats(0.0, 1.0))
+def test_joint_value_has_the_shape_the_solver_needs(v: float, expansion: float, freshness: float) -> None:
+    values = root_value(v, np.arange(0, 12), expansion=expansion, freshness=freshness)
+    gains = np.diff(values)
+    assert np.all(gains >= -1e-12)
+    # Concave from one rollout on, and a block of two is worth at least twice the next gain.
+    assert np.all(np.diff(gains[1:]) <= 1e-12)
+    assert values[2] / 2 >= gains[2] - 1e-12
+    # Counting Stage 2's contrast never makes a group worth less than its bare rollouts.
+    assert np.all(values >= root_value(v, np.arange(0, 12)) - 1e-12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(instances(), st.floats(0.0, 3.0), st.floats(0.0, 1.0))
+def test_joint_solver_stays_within_one_block_of_the_exact_optimum(
+    case: dict[str, object], expansion: float, freshness: float
+) -> None:
+    knobs = {**case, "expansion": expansion, "freshness": freshness}
+    fast = allocate_roots(**knobs)  # type: ignore[arg-type]
+    exact = allocate_roots_exact(**knobs)  # type: ignore[arg-type]
+    v = case["v"]
+    lo = int(case["min_rollouts"])  # type: ignore[call-overload]
+    assert int(fast.counts.sum()) <= int(case["budget"])  # type: ignore[call-overload]
+    assert np.all((fast.counts == 0) | ((fast.counts >= lo) & (fast.counts <= case["max_rollouts"])))  # type: ignore[operator]
+    block = float(root_value(v, lo, expansion=expansion, freshness=freshness).max(initial=0.0))
+    bound = (lo - 1) / lo * block if lo > 1 else 0.0
+    assert fast.expected_mixed <= exact.expected_mixed + 1e-9
+    assert fast.expected_mixed >= exact.expected_mixed - bound - 1e-9
+    assert fast.expected_mixed == pytest.approx(
+        float(root_value(v, fast.counts, expansion=expansion, freshness=freshness).sum()), abs=1e-12
+    )
+
+
+def test_joint_solver_usually_reaches_the_optimum() -> None:
+    rng = np.random.default_rng(11)
+    exact_hits = 0
+    for _ in range(200):
+        v = rng.beta(0.4, 0.4, size=8)
+        knobs = {"budget": int(rng.integers(4, 30)), "max_rollouts": 8, "expansion": 1.0, "freshness": 0.6}
+        fast = allocate_roots(v, **knobs)  # type: ignore[arg-type]
+        exact = allocate_roots_exact(v, **knobs)  # type: ignore[arg-type]
+        exact_hits += fast.expected_mixed >= exact.expected_mixed - 1e-9
+    assert exact_hits >= 190
+
+
+def test_joint_objective_prefers_breadth_to_a_third_rollout() -> None:
+    # Two bare rollouts on each of four prompts at 0.85 against the paper, which stacks the budget on
+    # the two most uncertain prompts: the continuations give the extra prompts their contrast.
+    v = np.array([0.5, 0.5, 0.85, 0.85])
+    paper = allocate_roots(v, 8, max_rollouts=8)
+    joint = allocate_roots(v, 8, max_rollouts=8, expansion=1.0, freshness=0.8)
+    assert int(np.count_nonzero(joint.counts)) > int(np.count_nonzero(paper.counts))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"expansion": -1.0}, "expansion"),
+        ({"expansion": float("inf")}, "expansion"),
+        ({"freshness": 1.5}, "freshness"),
+    ],
+)
+def test_joint_objective_rejects_bad_knobs(kwargs: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        allocate_roots([0.5, 0.4], 4, **kwargs)  # type: ignore[arg-type]

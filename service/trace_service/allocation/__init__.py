@@ -8,7 +8,13 @@ from trace_service.allocation.policies import (
     random_branching,
     uniform_roots,
 )
-from trace_service.allocation.stage1 import RootAllocation, allocate_roots, allocate_roots_exact, root_value
+from trace_service.allocation.stage1 import (
+    RootAllocation,
+    allocate_roots,
+    allocate_roots_exact,
+    repeat_odds,
+    root_value,
+)
 from trace_service.allocation.stage2 import (
     DEFAULT_MIN_GAIN,
     PrefixExpansion,
@@ -36,6 +42,7 @@ __all__ = [
     "pcl_roots",
     "prefix_value",
     "random_branching",
+    "repeat_odds",
     "repeat_probability",
     "root_value",
     "round_budgets",

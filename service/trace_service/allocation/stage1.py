@@ -3,18 +3,30 @@
 Given predicted success probabilities ``v_i`` for a pool of prompts, choose integer rollout counts
 ``m_i ∈ {0} ∪ [m_min, m_max]`` that maximise the expected number of mixed groups
 
-    Σ_i w_i · V_root(v_i, m_i),   V_root(v, m) = 1 − v^m − (1 − v)^m  (m ≥ 1),  V_root(v, 0) = 0,
+    Σ_i w_i · V_root(v_i, m_i),   V_root(v, m) = 1 − z₁^m − z₀^m  (m ≥ 1),  V_root(v, 0) = 0,
 
 subject to ``Σ_i m_i ≤ M`` and at most ``max_prompts`` active prompts (``w_i = 1`` for TRACE; Knapsack RL
 uses an information weight).  ``m_i = 0`` skips a prompt: filtering and count allocation are one decision.
 
+``z₁`` and ``z₀`` are the chances that one bare rollout *and the continuations Stage 2 will branch from
+it* all succeed, or all fail (:func:`repeat_odds`).  The paper values the bare rollouts alone
+(``z₁ = v``, ``z₀ = 1 − v``: P(m Bernoulli(v) draws are mixed)).  The joint objective also counts the
+contrast Stage 2 adds: with N continuations per bare rollout, each of which flips its source's outcome
+with probability ρ·(chance of the other outcome),
+
+    z₁ = v · (1 − ρ(1 − v))^N,    z₀ = (1 − v) · (1 − ρv)^N,
+
+where the *freshness* ρ ∈ [0, 1] says how much a continuation behaves like a fresh rollout (1: branching
+at the root; 0: it always repeats its source).  ρ = 0 or N = 0 is the paper's objective.
+
 Two solvers share this objective:
 
 * :func:`allocate_roots_exact` — grouped-knapsack dynamic programme, O(B·M·m_max).  The reference.
-* :func:`allocate_roots` — the production solver, exact for the unweighted objective (property-tested
-  against the DP).  Why it is exact: the marginal gain ``Δ_m = v^m(1−v) + (1−v)^m·v`` decreases for
-  m ≥ 1 and ``V_root(·, 1) = 0``, so each prompt's value is an activation block of ``m_min`` units whose
-  average gain is at least every later gain, followed by concave single units.  ``V_root(v, m)`` also
+* :func:`allocate_roots` — the production solver, exact for the paper's unweighted objective
+  (property-tested against the DP).  Why it is exact: the marginal gain ``Δ_m = z₁^m(1−z₁) + z₀^m(1−z₀)``
+  decreases for m ≥ 1 and, in the paper's objective, ``V_root(·, 1) = 0``, so each prompt's value is an
+  activation block of ``m_min`` units whose average gain is at least every later gain, followed by
+  concave single units.  ``V_root(v, m)`` also
   falls as ``|v − ½|`` grows for every m, so with k active prompts the best k are the k closest to ½
   (exchange argument) and the rest of the budget goes to the best single units among them.  Writing
   ``F(k)`` for that value, the greedy on the concave envelope (blocks spread over their units) leaves at
@@ -22,6 +34,10 @@ Two solvers share this objective:
   number of full blocks ``k_G``: dropping the half-filled block and spending its units on the next best
 single units, or completing it with the least valuable single units taken.  Among allocations of equal
 value the solver prefers the one with more active prompts (breadth first), then earlier prompts.
+  With the joint objective (or a weight) the value curves of two prompts need not be ordered, so the
+  repair is no longer provably optimal, but it stays within one block of the optimum: the envelope's
+  greedy is an upper bound, and dropping the half-filled block loses at most its spread share,
+  ``(m_min − 1)/m_min · max_i V(v_i, m_min)``.  Tests check that bound against the DP.
 """
 
 from __future__ import annotations
@@ -51,12 +67,45 @@ class RootAllocation:
     unspent: int
 
 
-def root_value(v: npt.ArrayLike, m: npt.ArrayLike) -> FloatArray:
-    """``V_root(v, m) = 1 − v^m − (1 − v)^m`` for m ≥ 1 and 0 for m = 0: P(m Bernoulli(v) draws are mixed)."""
+def repeat_odds(
+    v: npt.ArrayLike, *, expansion: float = 0.0, freshness: float = 0.0
+) -> tuple[FloatArray, FloatArray]:
+    """``z₁ = v·(1 − ρ(1 − v))^N`` and ``z₀ = (1 − v)·(1 − ρv)^N``: the chances that one bare rollout and
+    its N continuations all succeed, or all fail, when a continuation flips its source's outcome with
+    probability ρ times the chance of the other outcome.  ``expansion`` N = 0 or ``freshness`` ρ = 0
+    gives the paper's ``(v, 1 − v)``."""
+    if not (np.isfinite(expansion) and expansion >= 0.0):
+        raise ValueError(f"expansion must be a finite number >= 0, got {expansion}")
+    if not 0.0 <= freshness <= 1.0:
+        raise ValueError(f"freshness must lie in [0, 1], got {freshness}")
     v_arr = np.asarray(v, dtype=np.float64)
+    if expansion == 0.0 or freshness == 0.0:
+        return v_arr, 1.0 - v_arr
+    z_success = v_arr * (1.0 - freshness * (1.0 - v_arr)) ** expansion
+    z_failure = (1.0 - v_arr) * (1.0 - freshness * v_arr) ** expansion
+    return z_success, z_failure
+
+
+def root_value(
+    v: npt.ArrayLike, m: npt.ArrayLike, *, expansion: float = 0.0, freshness: float = 0.0
+) -> FloatArray:
+    """``V_root(v, m) = 1 − z₁^m − z₀^m`` for m ≥ 1 and 0 for m = 0 (:func:`repeat_odds`); with the
+    defaults, ``1 − v^m − (1 − v)^m``: P(m Bernoulli(v) draws are mixed)."""
+    z_success, z_failure = repeat_odds(v, expansion=expansion, freshness=freshness)
     m_arr = np.asarray(m, dtype=np.float64)
-    value = 1.0 - v_arr**m_arr - (1.0 - v_arr) ** m_arr
+    value = 1.0 - z_success**m_arr - z_failure**m_arr
     return np.where(m_arr > 0, np.maximum(value, 0.0), 0.0)
+
+
+def _smallest_group(min_rollouts: int) -> int:
+    """Fewest bare rollouts of an active prompt: one alone is never mixed in the paper's objective and
+    gives a GRPO trainer no baseline, so at least two.  From two on, a block's average gain V(lo)/lo is
+    at least every later gain in the joint objective too, since Δ_m decreases for m ≥ 1 and
+
+        V(2) − 2Δ₂ = 1 − 3z₁² + 2z₁³ − 3z₀² + 2z₀³ ≥ 0   whenever z₁ + z₀ ≤ 1
+
+    (3x² − 2x³ increases on [0, 1], and equality holds on z₁ + z₀ = 1, the paper's case)."""
+    return max(min_rollouts, 2)
 
 
 def _check_limits(
@@ -121,38 +170,43 @@ def allocate_roots(
     max_rollouts: int = 64,
     max_prompts: int | None = None,
     weight: npt.ArrayLike | None = None,
+    expansion: float = 0.0,
+    freshness: float = 0.0,
 ) -> RootAllocation:
     """Production Stage 1 solver (see the module docstring for the objective and why it is exact).
 
     Never spends more than ``budget`` and never spends a unit whose marginal value is zero (budget that
     cannot buy any expected mixed group is returned as ``unspent``).  Ties between equal prompts go to the
-    earlier prompt.  With ``weight`` (Knapsack RL) the same search runs over the weighted values; it is
-    then a close heuristic and :func:`allocate_roots_exact` is the exact answer.
+    earlier prompt.  With ``weight`` (Knapsack RL) or the joint objective (``expansion`` and
+    ``freshness``, see :func:`repeat_odds`) the same search runs over those values; it is then within
+    one block of the optimum and :func:`allocate_roots_exact` is the exact answer.
     """
     probs = probabilities(v, "v")
     n_prompts = probs.size
     prompt_cap = _check_limits(n_prompts, budget, min_rollouts, max_rollouts, max_prompts)
     w = _weights(weight, n_prompts)
-    # One rollout is never mixed (V_root(v, 1) = 0), so a useful active prompt takes at least two.
-    lo = max(min_rollouts, 2)
+    z_success, z_failure = repeat_odds(probs, expansion=expansion, freshness=freshness)
+    lo = _smallest_group(min_rollouts)
     n_extras = max(max_rollouts - lo, 0)
     if max_rollouts < lo:
         return RootAllocation(np.zeros(n_prompts, dtype=np.int64), 0.0, budget)
 
-    block_value = w * root_value(probs, lo)
+    def value_of(rows: IntArray | slice, counts: IntArray) -> float:
+        return float((w[rows] * _curve(z_success[rows], z_failure[rows], counts)).sum())
+
+    block_value = w * _curve(z_success, z_failure, np.full(n_prompts, lo))
     rank = np.lexsort((np.arange(n_prompts), -block_value))
     eligible = rank[block_value[rank] > 0.0][: min(prompt_cap, budget // lo)]
     counts = np.zeros(n_prompts, dtype=np.int64)
     if eligible.size == 0:
         return RootAllocation(counts, 0.0, budget)
 
-    p = probs[eligible]
     block = block_value[eligible]
     # The envelope greedy only needs the extras above its threshold; grow the columns until no row's
     # last one could reach it (at B = 4096 materialising all m_max columns costs more than the solve).
     columns = min(n_extras, _FIRST_COLUMNS)
     while True:
-        envelope = _envelope(p, w[eligible], block, lo, columns)
+        envelope = _envelope(z_success[eligible], z_failure[eligible], w[eligible], block, lo, columns)
         chosen = _top_units(envelope, budget)
         threshold = float(envelope[chosen].min()) if chosen.any() else np.inf
         if int(chosen.sum()) < budget:
@@ -175,28 +229,38 @@ def allocate_roots(
         counts_b = _drop_worst_extras(extras[:k_full], taken.copy(), lo - partial)
         if counts_b is not None:
             counts_b = np.append(lo + counts_b, lo)
-            gain_a = float((w[eligible[:k_full]] * root_value(p[:k_full], counts_a)).sum())
-            gain_b = float((w[eligible[: k_full + 1]] * root_value(p[: k_full + 1], counts_b)).sum())
+            gain_a = value_of(eligible[:k_full], counts_a)
+            gain_b = value_of(eligible[: k_full + 1], counts_b)
             if gain_b >= gain_a * _BREADTH_FIRST:
                 best = counts_b
     counts[eligible[: best.size]] = best
-    value = float((w * root_value(probs, counts)).sum())
-    return RootAllocation(counts, value, budget - int(counts.sum()))
+    return RootAllocation(counts, value_of(slice(None), counts), budget - int(counts.sum()))
 
 
-def _envelope(p: FloatArray, w: FloatArray, block: FloatArray, lo: int, columns: int) -> FloatArray:
+def _curve(z_success: FloatArray, z_failure: FloatArray, m: IntArray) -> FloatArray:
+    """``1 − z₁^m − z₀^m`` for m ≥ 1, 0 for m = 0 (the root value in terms of the repeat odds)."""
+    value = 1.0 - z_success**m - z_failure**m
+    return np.where(m > 0, np.maximum(value, 0.0), 0.0)
+
+
+def _envelope(
+    z_success: FloatArray, z_failure: FloatArray, w: FloatArray, block: FloatArray, lo: int, columns: int
+) -> FloatArray:
     """Concave envelope of each prompt's value: its block spread over lo units at the average gain,
     then its first ``columns`` single-rollout gains
 
-        extras[r, j] = w·Δ_m(v_r) = w·v(1−v)·(v^(m−1) + (1−v)^(m−1)),   m = lo + j.
+        extras[r, j] = w·Δ_m = w·(z₁^m·(1 − z₁) + z₀^m·(1 − z₀)),   m = lo + j
 
-    Each row is non-increasing, so the envelope's greedy fills whole rows except at most one block.
+    (for the paper's z₁ = v, z₀ = 1 − v this is w·v(1−v)·(v^(m−1) + (1−v)^(m−1))).  Each row is
+    non-increasing, so the envelope's greedy fills whole rows except at most one block.
     """
-    envelope = np.empty((p.size, lo + columns))
+    envelope = np.empty((z_success.size, lo + columns))
     envelope[:, :lo] = (block / lo)[:, None]
-    extras = _geometric_powers(p, lo - 1, envelope[:, lo:])
-    extras += _geometric_powers(1.0 - p, lo - 1, np.empty((p.size, columns)))
-    extras *= (w * p * (1.0 - p))[:, None]
+    extras = _geometric_powers(z_success, lo, envelope[:, lo:])
+    extras *= (1.0 - z_success)[:, None]
+    failure_powers = _geometric_powers(z_failure, lo, np.empty((z_success.size, columns)))
+    extras += failure_powers * (1.0 - z_failure)[:, None]
+    extras *= w[:, None]
     # Mathematically Δ_lo ≤ V(lo)/lo; clamp float noise so a block always precedes its extras.
     np.minimum(extras, envelope[:, :1], out=extras)
     extras *= _BREADTH_FIRST
@@ -235,6 +299,8 @@ def allocate_roots_exact(
     max_rollouts: int = 64,
     max_prompts: int | None = None,
     weight: npt.ArrayLike | None = None,
+    expansion: float = 0.0,
+    freshness: float = 0.0,
 ) -> RootAllocation:
     """Exact Stage 1 by dynamic programming over prompts (the reference solver).
 
@@ -246,13 +312,14 @@ def allocate_roots_exact(
     n_prompts = probs.size
     prompt_cap = _check_limits(n_prompts, budget, min_rollouts, max_rollouts, max_prompts)
     w = _weights(weight, n_prompts)
-    sizes = np.arange(min_rollouts, min(max_rollouts, budget) + 1)
+    sizes = np.arange(_smallest_group(min_rollouts), min(max_rollouts, budget) + 1)
     capped = max_prompts is not None
     n_layers = prompt_cap + 1 if capped else 1
     best = np.zeros((n_layers, budget + 1))
     choice = np.zeros((n_prompts, n_layers, budget + 1), dtype=np.int32)
+    z_success, z_failure = repeat_odds(probs, expansion=expansion, freshness=freshness)
     for i in range(n_prompts):
-        gains = w[i] * root_value(probs[i], sizes)
+        gains = w[i] * _curve(z_success[i : i + 1], z_failure[i : i + 1], sizes)
         new = best.copy()
         for size, gain in zip(sizes.tolist(), gains.tolist(), strict=True):
             if gain <= 0.0:
@@ -273,5 +340,5 @@ def allocate_roots_exact(
         units -= size
         if size and capped:
             layer -= 1
-    value = float((w * root_value(probs, counts)).sum())
+    value = float((w * _curve(z_success, z_failure, counts)).sum())
     return RootAllocation(counts, value, budget - int(counts.sum()))
