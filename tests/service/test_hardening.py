@@ -6,9 +6,12 @@ No stuck trees, no 5xx on bad input, bounded work per request, semantics that sa
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import json
+from collections.abc import AsyncIterator, Iterator
 
-from support import make_settings, rollout, turn
+import httpx
+import pytest
+from support import LiveService, make_settings, rollout, turn
 
 from trace_proto import AllocateRequest, ExpandEvent, PromptIn
 from trace_service.app import create_app
@@ -89,3 +92,73 @@ async def test_an_allocation_of_more_than_eight_thousand_trees_is_listed_and_cou
         stats = await engine.job_stats("default")
         assert [(s.step, s.active, s.prompts) for s in stats.steps] == [(3, 8_500, 8_500)]
         assert await engine.allocate(request, "key-1") == allocation
+
+
+# --- 3 and 4. bad input is a clear 4xx, judged event by event -------------------------------------
+
+
+@pytest.fixture
+def http(service: LiveService) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=service.url, timeout=60) as client:
+        yield client
+
+
+def allocate_one(http: httpx.Client, budget: int = 2) -> str:
+    answer = http.post("/v1/allocate", json={"step": 0, "budget": budget, "prompts": [{"prompt_id": "p"}]})
+    assert answer.status_code == 200, answer.text
+    return str(answer.json()["trees"][0]["tree_id"])
+
+
+@pytest.mark.parametrize("field", ["step", "max_prompts"])
+@pytest.mark.parametrize("value", ["18446744073709551616", "1" + "0" * 400, "-1"])
+def test_every_integer_has_a_bound_the_store_can_hold(http: httpx.Client, field: str, value: str) -> None:
+    body = f'{{"step": 0, "budget": 2, "prompts": [{{"prompt_id": "p"}}], "{field}": {value}}}'
+    answer = http.post("/v1/allocate", content=body, headers={"content-type": "application/json"})
+    assert answer.status_code == 422, answer.text
+    assert field in answer.json()["detail"]
+
+
+def test_the_largest_allowed_step_is_stored(http: httpx.Client) -> None:
+    answer = http.post("/v1/allocate", json={"step": 2**53 - 1, "budget": 2, "prompts": [{"prompt_id": "p"}]})
+    assert answer.status_code == 200, answer.text
+    assert http.get("/v1/jobs/default/stats").json()["steps"][0]["step"] == 2**53 - 1
+
+
+def post_events(http: httpx.Client, *raw_events: str) -> httpx.Response:
+    body = '{"events": [' + ", ".join(raw_events) + "]}"
+    return http.post("/v1/expand", content=body, headers={"content-type": "application/json"})
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        '{"event_id": "deep", "tree_id": "t", "node_id": "x", "text": ' + "[" * 3000 + "]" * 3000 + "}",
+        '{"event_id": "\\ud800", "tree_id": "t", "node_id": "x", "done": 5}',
+        '{"\\ud800": 1, "event_id": "odd", "tree_id": "t", "node_id": "x"}',
+        '{"event_id": "big", "tree_id": "t", "node_id": "x", "done": true, "reward": 1e999}',
+        "[" * 3000 + "]" * 3000,
+        "12345678901234567890123456789012345678901234567890",
+        "",
+    ],
+)
+def test_one_bad_event_is_rejected_alone(http: httpx.Client, bad: str) -> None:
+    tree_id = allocate_one(http)
+    good = json.dumps({"event_id": "ok", "tree_id": tree_id, "node_id": "a"})
+    answer = post_events(http, good, bad)
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["accepted"] == 1
+    assert [r["status"] for r in body["rejected"]] == [422]
+    assert body["rejected"][0]["event_id"] in ("deep", "odd", "big", "events[1]")
+    tree = http.get(f"/v1/trees/{tree_id}").json()
+    assert [n["node_id"] for n in tree["nodes"]] == ["a"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    ['{"events": [{}], "more": 1}', '[{"events": []}]', '{"events": []}', '{"events": [' + "[" * 3000, b"\xff\xfe"],
+)
+def test_a_body_of_the_wrong_shape_is_a_clear_422(http: httpx.Client, body: str | bytes) -> None:
+    answer = http.post("/v1/expand", content=body, headers={"content-type": "application/json"})
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["detail"]

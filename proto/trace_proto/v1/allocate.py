@@ -16,7 +16,6 @@ from trace_proto.v1.common import (
     Real,
     RequestModel,
     ResponseModel,
-    StrictCount,
     Text,
     repeated,
 )
@@ -26,6 +25,7 @@ from trace_proto.v1.limits import (
     MAX_PROMPTS_PER_REQUEST,
     MAX_ROLLOUTS_PER_PROMPT,
     MAX_ROUNDS,
+    MAX_STEP,
 )
 
 
@@ -82,7 +82,7 @@ class AllocateRequest(RequestModel):
     """A training step's candidate pool and budget."""
 
     job: JobName = Field(default=DEFAULT_JOB, description="Namespace of one training run.")
-    step: StrictCount = Field(description="The training step.")
+    step: Annotated[StrictInt, Field(ge=0, le=MAX_STEP)] = Field(description="The training step.")
     budget: Annotated[StrictInt, Field(ge=0, le=MAX_BUDGET)] = Field(
         description="`M`: bare rollouts to spread over the prompts."
     )
@@ -95,7 +95,7 @@ class AllocateRequest(RequestModel):
     max_rollouts: Annotated[StrictInt, Field(ge=2, le=MAX_ROLLOUTS_PER_PROMPT)] = Field(
         default=64, description="Most rollouts of one prompt."
     )
-    max_prompts: Annotated[StrictInt, Field(ge=1)] | None = Field(
+    max_prompts: Annotated[StrictInt, Field(ge=1, le=MAX_PROMPTS_PER_REQUEST)] | None = Field(
         default=None, description="Cap on active prompts (guards against many tiny groups)."
     )
     policy: Policy = Policy.TRACE

@@ -9,7 +9,7 @@ Every model is immutable.
 
 from typing import Annotated, Final
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 
 from trace_proto.v1.limits import JOB_PATTERN, MAX_FEATURE_DIM, MAX_ID_LENGTH, MAX_TEXT_LENGTH
 
@@ -27,7 +27,6 @@ class ResponseModel(BaseModel):
 
 
 # Request field types (strict).
-StrictCount = Annotated[StrictInt, Field(ge=0)]
 FiniteFloat = Annotated[StrictFloat, Field(allow_inf_nan=False)]
 FeatureVector = Annotated[list[FiniteFloat], Field(min_length=1, max_length=MAX_FEATURE_DIM)]
 

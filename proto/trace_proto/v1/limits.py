@@ -15,6 +15,9 @@ JOB_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$"
 MAX_TEXT_LENGTH: Final = 131_072
 #: Length of a client-supplied feature vector (e.g. a pooled hidden state).
 MAX_FEATURE_DIM: Final = 4_096
+#: Largest training step: the largest integer a JSON number (an IEEE double) holds exactly, which is
+#: also what a Redis sorted-set score stores exactly.
+MAX_STEP: Final = 2**53 - 1
 #: Candidate prompts in one `/v1/allocate` request.
 MAX_PROMPTS_PER_REQUEST: Final = 16_384
 #: Bare rollouts `M` in one allocation.

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-import json
-from typing import Any
+import re
 
+import pydantic_core
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import ValidationError
 
@@ -14,14 +14,62 @@ from trace_service.routers.responses import ERRORS
 
 router = APIRouter(tags=["expansion"])
 
+#: A JSON string, or one of the structural characters outside strings.
+_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}:,]', re.DOTALL)
+_SHAPE = 'body must be a JSON object {"events": [event, ...]} and nothing else'
 
-def _event_label(raw: Any, index: int) -> str:
-    event_id = raw.get("event_id") if isinstance(raw, dict) else None
-    return (
-        event_id
-        if isinstance(event_id, str) and 0 < len(event_id) <= limits.MAX_ID_LENGTH
-        else f"events[{index}]"
-    )
+
+def event_elements(body: bytes) -> list[bytes] | None:
+    """The raw text of each element of ``events`` in a body shaped ``{"events": [...]}``, or None for
+    any other shape.  Only the structure around the elements is read (iteratively, strings skipped
+    whole): whatever one element holds, however deep, it is that element's problem alone."""
+    tokens = iter(_TOKEN.finditer(body))
+    position = 0
+
+    def next_token(expected: bytes) -> bool:
+        nonlocal position
+        token = next(tokens, None)
+        if token is None or token.group() != expected or body[position : token.start()].strip():
+            return False
+        position = token.end()
+        return True
+
+    if not (next_token(b"{") and next_token(b'"events"') and next_token(b":") and next_token(b"[")):
+        return None
+    elements: list[bytes] = []
+    depth, start = 0, position
+    for token in tokens:
+        mark = token.group()
+        if mark in (b"{", b"["):
+            depth += 1
+        elif mark in (b"}", b"]") and depth:
+            depth -= 1
+        elif mark == b"," and not depth:
+            elements.append(body[start : token.start()])
+            start = token.end()
+        elif mark == b"]":  # the end of the events array
+            last = body[start : token.start()]
+            if last.strip() or elements:
+                elements.append(last)
+            position = token.end()
+            return elements if next_token(b"}") and not body[position:].strip() else None
+    return None
+
+
+def _event_label(raw: bytes, index: int) -> str:
+    """The element's event_id when it is a readable one, else its position."""
+    try:
+        event_id = pydantic_core.from_json(raw).get("event_id")
+    except (ValueError, AttributeError):
+        event_id = None
+    if isinstance(event_id, str) and 0 < len(event_id) <= limits.MAX_ID_LENGTH and event_id.isprintable():
+        return event_id
+    return f"events[{index}]"
+
+
+def _readable(text: str) -> str:
+    """``text`` as valid UTF-8 (a lone surrogate from the input must not break the response)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def parse_events(body: bytes) -> tuple[list[ExpandEvent], list[RejectedEvent]]:
@@ -31,24 +79,22 @@ def parse_events(body: bytes) -> tuple[list[ExpandEvent], list[RejectedEvent]]:
         return ExpandRequest.model_validate_json(body).events, []
     except ValidationError:
         pass
-    try:
-        payload = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise HTTPException(422, f"body is not valid JSON: {error}") from None
-    if not isinstance(payload, dict) or set(payload) != {"events"} or not isinstance(payload["events"], list):
-        raise HTTPException(422, 'body must be a JSON object {"events": [event, ...]} and nothing else')
-    raw_events = payload["events"]
+    raw_events = event_elements(body)
+    if raw_events is None:
+        raise HTTPException(422, _SHAPE)
     if not 1 <= len(raw_events) <= limits.MAX_EVENTS_PER_REQUEST:
         raise HTTPException(422, f"events must hold between 1 and {limits.MAX_EVENTS_PER_REQUEST} events")
     events, rejected = [], []
     for index, raw in enumerate(raw_events):
         try:
-            events.append(ExpandEvent.model_validate(raw))
+            events.append(ExpandEvent.model_validate_json(raw))
         except ValidationError as error:
             reason = "; ".join(
                 f"{'.'.join(map(str, e['loc'])) or 'event'}: {e['msg']}" for e in error.errors()
             )
-            rejected.append(RejectedEvent(event_id=_event_label(raw, index), status=422, error=reason))
+            rejected.append(
+                RejectedEvent(event_id=_event_label(raw, index), status=422, error=_readable(reason))
+            )
     return events, rejected
 
 
