@@ -6,9 +6,16 @@ Only the loop that sends a request and sleeps between attempts differs between `
 Every v1 call is safe to retry: reads are reads, `/v1/allocate` carries an `Idempotency-Key` that is
 fixed before the first attempt, `/v1/expand` events carry client-made `event_id`s the server
 deduplicates, a claim only leases instructions (an unused lease expires), and closing a closed tree
-changes nothing. So a timeout after the request was sent is retried like a refused connection.
+changes nothing. So a timeout after the request was sent is retried like a refused connection, and
+a 500 like a 503.
+
+Like openai-python's client, a client takes its defaults from the environment (`TRACE_URL`,
+`TRACE_TOKEN`) and logs each retry at INFO on the `trace_client` logger.
 """
 
+import copy
+import logging
+import os
 import random
 import time
 import uuid
@@ -52,12 +59,20 @@ from trace_proto import (
 from trace_proto.v1.common import Identifier, JobName
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
+#: Seconds for every phase, or an `httpx.Timeout` for connect/read/write/pool separately.
+TimeoutOption = httpx.Timeout | float
 
+logger = logging.getLogger("trace_client")
+
+#: The service's URL and bearer token when the constructor is given none.
+URL_VARIABLE = "TRACE_URL"
+TOKEN_VARIABLE = "TRACE_TOKEN"
 #: Connecting should be quick; an allocation over a large pool may take a while to compute.
 DEFAULT_TIMEOUT = httpx.Timeout(connect=2.0, read=30.0, write=10.0, pool=5.0)
 DEFAULT_MAX_RETRIES = 3
-#: Load shedding and gateway failures; any other error status would fail the same way again.
-RETRY_STATUSES = frozenset({429, 502, 503, 504})
+#: A request timeout, load shedding, a failed server or gateway: a second try may pass (every call is
+#: safe to repeat). Any other error status would fail the same way again.
+RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 #: The request may not have reached the service, or its answer was lost on the way back.
 RETRYABLE_TRANSPORT_ERRORS = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
 USER_AGENT = f"trace-client/{API_VERSION}"
@@ -74,8 +89,8 @@ class Backoff:
         delay_n = U · min(max_delay, initial_delay · 2ⁿ),   U ~ Uniform[0, 1),
 
     so that clients that failed together do not retry together. A `Retry-After` from the server
-    replaces it; one longer than `max_retry_after` ends the retries (the caller hears about the outage
-    rather than hanging).
+    replaces it, capped at `max_retry_after` (a server asking for an hour still gets its retry, a
+    minute later, instead of the call failing at once or hanging).
     """
 
     initial_delay: float = 0.5
@@ -91,10 +106,10 @@ class Backoff:
         if self.max_retry_after < 0:
             raise ValueError(f"max_retry_after must be >= 0; got {self.max_retry_after}")
 
-    def delay(self, retry: int, retry_after: float | None) -> float | None:
-        """Seconds to wait before retry `retry`, or None when the server asks for too long a wait."""
+    def delay(self, retry: int, retry_after: float | None) -> float:
+        """Seconds to wait before retry `retry`."""
         if retry_after is not None:
-            return retry_after if retry_after <= self.max_retry_after else None
+            return min(retry_after, self.max_retry_after)
         doublings = min(retry, 64)  # past the cap anyway; keeps 2ⁿ from overflowing a float
         return self.uniform() * min(self.max_delay, self.initial_delay * 2.0**doublings)
 
@@ -198,35 +213,64 @@ def ready_call() -> ApiCall[Ready]:
     return ApiCall("GET", paths.READY, Ready, answer_statuses=frozenset({503}))
 
 
+def _as_timeout(timeout: TimeoutOption) -> httpx.Timeout:
+    return timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
+
+
+def _checked_retries(max_retries: int) -> int:
+    if max_retries < 0:
+        raise ValueError(f"max_retries must be >= 0; got {max_retries}")
+    return max_retries
+
+
 class ClientCore:
-    """Connection settings and every per-attempt decision of a client."""
+    """Connection settings and every per-attempt decision of a client.
+
+    `base_url` None: `TRACE_URL`; `token` None: `TRACE_TOKEN` (unset or empty: no token).
+    """
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | None,
         *,
         token: str | None,
-        timeout: httpx.Timeout | float,
+        timeout: TimeoutOption,
         max_retries: int,
         backoff: Backoff | None,
     ) -> None:
+        if base_url is None:
+            base_url = os.environ.get(URL_VARIABLE, "")
+            if not base_url:
+                raise ValueError(f"no service URL: pass base_url or set {URL_VARIABLE}")
         url = httpx.URL(base_url)
         if url.scheme not in ("http", "https") or not url.host:
             raise ValueError(f"base_url must be an absolute http(s) URL; got {base_url!r}")
-        if token is not None and not token.strip():
+        if token is None:
+            token = os.environ.get(TOKEN_VARIABLE) or None
+        elif not token.strip():
             raise ValueError("token must not be empty; pass None for a service without auth")
-        if max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0; got {max_retries}")
         self.base_url = str(url).rstrip("/")
-        self.timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
-        self.max_retries = max_retries
+        self.timeout = _as_timeout(timeout)
+        self.max_retries = _checked_retries(max_retries)
         self.backoff = backoff or Backoff()
         self.headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
         if token is not None:
             self.headers["Authorization"] = f"Bearer {token}"
 
-    def build_request(self, http: httpx.Client | httpx.AsyncClient, call: ApiCall[ModelT]) -> httpx.Request:
-        """The request, built once so that every attempt sends the same bytes and headers."""
+    def with_options(self, *, timeout: TimeoutOption | None, max_retries: int | None) -> "ClientCore":
+        """A copy with another default timeout or retry count (None: keep this one's)."""
+        changed = copy.copy(self)
+        if timeout is not None:
+            changed.timeout = _as_timeout(timeout)
+        if max_retries is not None:
+            changed.max_retries = _checked_retries(max_retries)
+        return changed
+
+    def build_request(
+        self, http: httpx.Client | httpx.AsyncClient, call: ApiCall[ModelT], timeout: TimeoutOption | None
+    ) -> httpx.Request:
+        """The request, built once so that every attempt sends the same bytes and headers; `timeout`
+        None: the client's."""
         headers = {**self.headers, **call.headers}
         if call.body is not None:
             headers["Content-Type"] = "application/json"
@@ -236,12 +280,17 @@ class ClientCore:
             content=call.body,
             params=dict(call.params),
             headers=headers,
-            timeout=self.timeout,
+            timeout=self.timeout if timeout is None else _as_timeout(timeout),
         )
 
-    def delay_after_error(self, attempt: int) -> float | None:
-        """Seconds before the next attempt after attempt `attempt` (0-based) failed in transport."""
-        return self.backoff.delay(attempt, None) if attempt < self.max_retries else None
+    def delay_after_error(self, call: ApiCall[ModelT], error: Exception, attempt: int) -> float | None:
+        """Seconds before the next attempt after attempt `attempt` (0-based) failed in transport, or
+        None: no retries left."""
+        if attempt >= self.max_retries:
+            return None
+        delay = self.backoff.delay(attempt, None)
+        self._log_retry(call, attempt, delay, f"{type(error).__name__}: {error}")
+        return delay
 
     def delay_after_response(
         self, call: ApiCall[ModelT], response: httpx.Response, attempt: int
@@ -251,7 +300,27 @@ class ClientCore:
         if status not in RETRY_STATUSES or status in call.answer_statuses or attempt >= self.max_retries:
             return None
         retry_after = parse_retry_after(response.headers.get("Retry-After"), time.time())
-        return self.backoff.delay(attempt, retry_after)
+        delay = self.backoff.delay(attempt, retry_after)
+        reason = f"{status} {response.reason_phrase}"
+        if retry_after is not None and retry_after > delay:
+            reason += f", Retry-After {retry_after:g} s capped"
+        request_id = response.headers.get(paths.REQUEST_ID_HEADER)
+        if request_id is not None:
+            reason += f", request id {request_id}"
+        self._log_retry(call, attempt, delay, reason)
+        return delay
+
+    def _log_retry(self, call: ApiCall[ModelT], attempt: int, delay: float, reason: str) -> None:
+        logger.info(
+            "retrying %s %s%s in %.2f s (retry %d of %d): %s",
+            call.method,
+            self.base_url,
+            call.path,
+            delay,
+            attempt + 1,
+            self.max_retries,
+            reason,
+        )
 
     def parse(self, call: ApiCall[ModelT], response: httpx.Response) -> ModelT:
         """The answer as its model; an error status raises the matching `TraceAPIError`."""

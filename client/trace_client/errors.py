@@ -5,13 +5,13 @@ TraceError
 │   └── TraceTimeoutError       ... and the last attempt timed out
 ├── TraceResponseError          a 2xx answer that is not the v1 shape (a proxy, a version mismatch)
 └── TraceAPIError               the service answered with an error status
-    ├── TraceBadRequest         4xx: the request is wrong; retrying it will not help
+    ├── TraceBadRequest         4xx: the request is wrong (408 is retried first, as a timeout)
     │   ├── TraceAuthError      401, 403
     │   ├── TraceNotFound       404
     │   ├── TraceConflict       409
     │   ├── TraceValidationError 422
     │   └── TraceRateLimited    429 (raised once retries are exhausted)
-    └── TraceServerError        5xx
+    └── TraceServerError        5xx (500, 502, 504 raised once retries are exhausted)
         └── TraceUnavailable    503 (raised once retries are exhausted)
 """
 

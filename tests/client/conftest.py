@@ -21,6 +21,9 @@ class BlockingFacade:
         self._client = client
         self._loop = loop
 
+    def with_options(self, **options: Any) -> "BlockingFacade":
+        return BlockingFacade(self._client.with_options(**options), self._loop)
+
     def __getattr__(self, name: str) -> Callable[..., Any]:
         method = getattr(self._client, name)
 

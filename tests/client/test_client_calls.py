@@ -1,6 +1,7 @@
 """Both clients against a mock service: requests sent, answers parsed, errors mapped, retries bounded."""
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from email.utils import formatdate
@@ -194,7 +195,7 @@ def test_no_authorization_header_without_a_token(connect: Connect) -> None:
         (409, "Conflict", TraceConflict),
         (413, "Content Too Large", TraceBadRequest),
         (422, "Unprocessable Content", TraceValidationError),
-        (500, "Internal Server Error", TraceServerError),
+        (501, "Not Implemented", TraceServerError),
     ],
 )
 def test_error_answers_map_to_exceptions_without_retrying(
@@ -250,16 +251,24 @@ def test_retry_after_as_an_http_date_is_honoured(connect: Connect) -> None:
     assert 28.0 < waited <= 30.0  # the date has whole seconds
 
 
-def test_a_retry_after_beyond_the_cap_ends_the_retries(connect: Connect) -> None:
-    client, service = connect(lambda _: with_retry_after(problem(503, "Service Unavailable", "down"), "3600"))
-    with pytest.raises(TraceUnavailable, match="down"):
-        client.health()
-    assert len(service.requests) == 1
+def test_a_retry_after_beyond_the_cap_waits_the_cap_and_retries(connect: Connect) -> None:
+    replies = [with_retry_after(problem(503, "Service Unavailable", "down"), "3600"), answer(Health())]
+    client, service = connect(lambda _: replies.pop(0))
+    assert client.health() == Health()
+    assert service.sleeps == [60.0]  # Backoff.max_retry_after
+    assert len(service.requests) == 2
 
 
 @pytest.mark.parametrize(
     ("status", "error_class"),
-    [(429, TraceRateLimited), (502, TraceServerError), (503, TraceUnavailable), (504, TraceServerError)],
+    [
+        (408, TraceBadRequest),
+        (429, TraceRateLimited),
+        (500, TraceServerError),
+        (502, TraceServerError),
+        (503, TraceUnavailable),
+        (504, TraceServerError),
+    ],
 )
 def test_retryable_statuses_back_off_exponentially_then_raise(
     connect: Connect, status: int, error_class: type[TraceAPIError]
@@ -311,6 +320,51 @@ def test_a_transient_failure_is_invisible_to_the_caller(connect: Connect) -> Non
     client, service = connect(flaky)
     assert client.health() == Health()
     assert service.sleeps == [0.5, 1.0]
+
+
+def test_each_retry_is_logged_with_its_wait_and_reason(
+    connect: Connect, caplog: pytest.LogCaptureFixture
+) -> None:
+    replies = [
+        with_retry_after(problem(503, "Service Unavailable", "busy"), "7200"),
+        httpx.Response(500, headers={"X-Request-ID": "req-9"}),
+        answer(Health()),
+    ]
+    client, _ = connect(lambda _: replies.pop(0))
+    with caplog.at_level(logging.INFO, logger="trace_client"):
+        client.health()
+    assert [(record.name, record.levelname) for record in caplog.records] == [("trace_client", "INFO")] * 2
+    assert [record.getMessage() for record in caplog.records] == [
+        "retrying GET http://trace.test/api/healthz in 60.00 s (retry 1 of 3): "
+        "503 Service Unavailable, Retry-After 7200 s capped",
+        "retrying GET http://trace.test/api/healthz in 1.00 s (retry 2 of 3): "
+        "500 Internal Server Error, request id req-9",
+    ]
+
+
+def test_a_transport_failure_retry_is_logged(connect: Connect, caplog: pytest.LogCaptureFixture) -> None:
+    outcomes: list[Exception | httpx.Response] = [httpx.ConnectError("connection refused"), answer(Health())]
+
+    def flaky(request: httpx.Request) -> httpx.Response:
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    client, _ = connect(flaky, max_retries=1)
+    with caplog.at_level(logging.INFO, logger="trace_client"):
+        client.health()
+    assert [record.getMessage() for record in caplog.records] == [
+        "retrying GET http://trace.test/api/healthz in 0.50 s (retry 1 of 1): "
+        "ConnectError: connection refused"
+    ]
+
+
+def test_a_final_answer_logs_nothing(connect: Connect, caplog: pytest.LogCaptureFixture) -> None:
+    client, _ = connect(lambda _: problem(503, "Service Unavailable", "busy"), max_retries=0)
+    with caplog.at_level(logging.DEBUG, logger="trace_client"), pytest.raises(TraceUnavailable):
+        client.health()
+    assert caplog.records == []
 
 
 def test_no_retries_when_max_retries_is_zero(connect: Connect) -> None:
@@ -438,3 +492,105 @@ def test_every_attempt_carries_the_client_timeout(
     client, service = connect(lambda _: answer(Health()), **options)
     client.health()
     assert service.requests[0].extensions["timeout"] == expected
+
+
+def test_a_call_can_set_its_own_timeout(connect: Connect) -> None:
+    replies = [problem(503, "Service Unavailable", "busy"), answer(STATS), answer(STATS)]
+    client, service = connect(lambda _: replies.pop(0))
+    client.job_stats("run-1", timeout=httpx.Timeout(1.0, read=90.0))
+    client.job_stats("run-1")
+    timeouts = [sent.extensions["timeout"] for sent in service.requests]
+    own = {"connect": 1.0, "read": 90.0, "write": 1.0, "pool": 1.0}
+    assert timeouts == [own, own, {"connect": 2.0, "read": 30.0, "write": 10.0, "pool": 5.0}]
+
+
+def test_with_options_changes_the_copy_only(connect: Connect) -> None:
+    client, service = connect(lambda _: problem(503, "Service Unavailable", "busy"), max_retries=3)
+    patient = client.with_options(timeout=120.0, max_retries=1)
+    with pytest.raises(TraceUnavailable):
+        patient.health()
+    assert len(service.requests) == 2
+    assert service.requests[0].extensions["timeout"]["read"] == 120.0
+    with pytest.raises(TraceUnavailable):
+        client.health()
+    assert len(service.requests) == 2 + 4
+    assert service.requests[-1].extensions["timeout"]["read"] == 30.0
+
+
+def test_with_options_validates_and_keeps_what_it_is_not_given(connect: Connect) -> None:
+    client, service = connect(lambda _: answer(Health()), token="s3cret", timeout=5.0)
+    with pytest.raises(ValueError, match="max_retries must be >= 0"):
+        client.with_options(max_retries=-1)
+    client.with_options(max_retries=0).health()
+    (sent,) = service.requests
+    assert sent.headers["Authorization"] == "Bearer s3cret"
+    assert sent.extensions["timeout"]["read"] == 5.0
+
+
+def test_closing_a_with_options_copy_leaves_the_connections_open() -> None:
+    transport = httpx.MockTransport(lambda _: answer(Health()))
+    with TraceClient("http://trace.test", transport=transport) as client:
+        with client.with_options(timeout=1.0) as copy:
+            copy.health()
+        assert client.health() == Health()
+    with pytest.raises(RuntimeError, match="closed"):
+        copy.health()
+
+
+async def test_async_with_options_shares_the_connections() -> None:
+    transport = httpx.MockTransport(lambda _: answer(Health()))
+    async with AsyncTraceClient("http://trace.test", transport=transport) as client:
+        async with client.with_options(max_retries=0) as copy:
+            assert await copy.health() == Health()
+        assert await client.health() == Health()
+
+
+@pytest.mark.parametrize("client_class", [TraceClient, AsyncTraceClient])
+def test_url_and_token_default_to_the_environment(
+    client_class: type[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRACE_URL", "http://from-env.test:8000/prefix")
+    monkeypatch.setenv("TRACE_TOKEN", "env-token")
+    client = client_class(transport=httpx.MockTransport(lambda _: answer(Health())))
+    assert client._core.base_url == "http://from-env.test:8000/prefix"
+    assert client._core.headers["Authorization"] == "Bearer env-token"
+
+
+def test_arguments_win_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRACE_URL", "http://from-env.test")
+    monkeypatch.setenv("TRACE_TOKEN", "env-token")
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return answer(Health())
+
+    with TraceClient("http://given.test", token="given", transport=httpx.MockTransport(handler)) as client:
+        client.health()
+    assert str(seen[0].url) == "http://given.test/healthz"
+    assert seen[0].headers["Authorization"] == "Bearer given"
+
+
+def test_an_empty_token_variable_means_no_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRACE_TOKEN", "")
+    with TraceClient("http://trace.test") as client:
+        assert "Authorization" not in client._core.headers
+
+
+@pytest.mark.parametrize("value", [None, ""])
+@pytest.mark.parametrize("client_class", [TraceClient, AsyncTraceClient])
+def test_no_url_anywhere_is_a_clear_error(
+    client_class: type[Any], value: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if value is None:
+        monkeypatch.delenv("TRACE_URL", raising=False)
+    else:
+        monkeypatch.setenv("TRACE_URL", value)
+    with pytest.raises(ValueError, match="no service URL: pass base_url or set TRACE_URL"):
+        client_class()
+
+
+def test_a_bad_url_in_the_environment_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRACE_URL", "trace:8000")
+    with pytest.raises(ValueError, match="absolute http"):
+        TraceClient()
