@@ -1,4 +1,11 @@
-"""A simulated multi-turn agentic workload whose true conditional success is known at every prefix.
+"""Simulated multi-turn agentic workloads whose true conditional success is known at every prefix.
+
+Families (`FAMILIES`, `make_workload`): "react" (`SimWorkload`, below), and three policy families
+driven by a softmax policy over a finite action set — "math" (`MathWorkload`), "multihop"
+(`MultihopWorkload`) and "toolcall" (`ToolcallWorkload`); see `trace_client.sim.tabular` for their
+exactness argument.
+
+The "react" family
 
 It stands in for an LLM agent and its generation workers in the demo, the tests and the benchmarks, and
 lets the oracle allocation be computed. Needs numpy only.
@@ -35,6 +42,7 @@ True
 True
 """
 
+from trace_client.sim.base import PolicyWorkload, Workload
 from trace_client.sim.config import (
     DEFAULT_DIFFICULTY,
     BetaComponent,
@@ -42,18 +50,53 @@ from trace_client.sim.config import (
     TextConfig,
     VocabularyConfig,
 )
+from trace_client.sim.family_config import (
+    MATH_DIFFICULTY,
+    MULTIHOP_DIFFICULTY,
+    TOOLCALL_DIFFICULTY,
+    LogitComponent,
+    MathConfig,
+    MultihopConfig,
+    ToolcallConfig,
+)
+from trace_client.sim.lexicon import Lexicon, Spelling
+from trace_client.sim.math_reasoning import MathWorkload
+from trace_client.sim.multihop import MultihopWorkload
+from trace_client.sim.registry import FAMILIES, WorkloadFactory, make_workload
+from trace_client.sim.state import Prompt, RolloutState, Turn
+from trace_client.sim.tabular import TabularWorkload, TurnDraw
+from trace_client.sim.toolcall import ToolcallWorkload
 from trace_client.sim.vocabulary import Vocabulary
-from trace_client.sim.workload import Prompt, RolloutState, SimWorkload, Turn
+from trace_client.sim.workload import SimWorkload
 
 __all__ = [
     "DEFAULT_DIFFICULTY",
+    "FAMILIES",
+    "MATH_DIFFICULTY",
+    "MULTIHOP_DIFFICULTY",
+    "TOOLCALL_DIFFICULTY",
     "BetaComponent",
+    "Lexicon",
+    "LogitComponent",
+    "MathConfig",
+    "MathWorkload",
+    "MultihopConfig",
+    "MultihopWorkload",
+    "PolicyWorkload",
     "Prompt",
     "RolloutState",
     "SimConfig",
     "SimWorkload",
+    "Spelling",
+    "TabularWorkload",
     "TextConfig",
+    "ToolcallConfig",
+    "ToolcallWorkload",
     "Turn",
+    "TurnDraw",
     "Vocabulary",
     "VocabularyConfig",
+    "Workload",
+    "WorkloadFactory",
+    "make_workload",
 ]

@@ -1,14 +1,15 @@
-"""The simulated workload: prompts, immutable rollout states, and vectorised stepping."""
+"""The ReAct-style simulated workload (family "react"): a martingale on p rendered as ReAct turns."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
+from trace_client.sim.base import Workload
 from trace_client.sim.config import SimConfig
+from trace_client.sim.state import Prompt, RolloutState, Turn
 from trace_client.sim.vocabulary import BoolArray, FloatArray, IntArray, Vocabulary
 
 # Probabilities are kept off 0 and 1 before taking logits; features clip logits further (a hidden state
@@ -28,59 +29,7 @@ def _sigmoid(x: FloatArray) -> FloatArray:
     return np.asarray(1.0 / (1.0 + np.exp(-x)), dtype=np.float64)
 
 
-@dataclass(frozen=True, slots=True)
-class Prompt:
-    """A task: its id, its text, and (when the config asks for them) numeric features."""
-
-    prompt_id: str
-    text: str
-    features: tuple[float, ...] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Turn:
-    """One ReAct turn (thought / action / observation lines); `reward` is set exactly when `done`."""
-
-    text: str
-    done: bool
-    reward: float | None = None
-    features: tuple[float, ...] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RolloutState:
-    """A rollout prefix: the prompt, the turns so far, and the exact P(success | this prefix) `p`.
-
-    A value, never mutated: continuing a state any number of times shares its prefix exactly. After the
-    final turn `p` equals the reward.
-    """
-
-    prompt_id: str
-    p: float
-    history: tuple[Turn, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.p <= 1.0:
-            raise ValueError(f"p is a probability and must lie in [0, 1], got {self.p}")
-
-    @property
-    def turns(self) -> int:
-        return len(self.history)
-
-    @property
-    def done(self) -> bool:
-        return bool(self.history) and self.history[-1].done
-
-    @property
-    def reward(self) -> float | None:
-        return self.history[-1].reward if self.history else None
-
-    @property
-    def last_turn(self) -> Turn | None:
-        return self.history[-1] if self.history else None
-
-
-class SimWorkload:
+class SimWorkload(Workload):
     """A pool of simulated multi-turn tasks whose true conditional success is known at every prefix.
 
     `seed` decides the prompts (success rates and texts); the vocabulary comes from
@@ -88,9 +37,12 @@ class SimWorkload:
     mode the caller reports each group with `learn`, and prompt success rates drift accordingly.
     """
 
+    name = "react"
+
     def __init__(self, config: SimConfig | None = None, seed: int = 0) -> None:
         self.config = config if config is not None else SimConfig()
         self.seed = seed
+        self.max_turns = self.config.max_turns
         self.vocabulary = Vocabulary(self.config.vocabulary, self.config.text)
         feature_rng = np.random.default_rng([self.config.vocabulary.seed, 1])
         direction = feature_rng.standard_normal(max(self.config.feature_dim, 1))
@@ -133,6 +85,10 @@ class SimWorkload:
         index = self._lookup(prompt_id)
         if mixed:
             self._logit_success[index] += self.config.learning_rate
+
+    def expected_remaining_turns(self, state: RolloutState) -> float:
+        """`SimConfig.expected_remaining_turns` at the state's depth: turns do not depend on p."""
+        return self.config.expected_remaining_turns(state.turns)
 
     def start(self, prompt_id: str) -> RolloutState:
         return RolloutState(prompt_id, self.true_success(prompt_id))
@@ -181,24 +137,6 @@ class SimWorkload:
             )
             after.append(RolloutState(state.prompt_id, float(p_next[index]), (*state.history, turn)))
         return after
-
-    def run(self, states: Sequence[RolloutState], rng: np.random.Generator) -> list[tuple[RolloutState, ...]]:
-        """Continue every state to its final turn; per input, the states after each new turn in order.
-
-        A continuation from a prefix shares that prefix and draws fresh randomness for the rest.
-        """
-        if any(state.done for state in states):
-            raise ValueError("cannot continue a finished rollout: its last turn already carries the reward")
-        trajectories: list[list[RolloutState]] = [[] for _ in states]
-        current = list(states)
-        active = list(range(len(states)))
-        while active:
-            stepped = self.step_many([current[index] for index in active], rng)
-            for index, state in zip(active, stepped, strict=True):
-                trajectories[index].append(state)
-                current[index] = state
-            active = [index for index in active if not current[index].done]
-        return [tuple(trajectory) for trajectory in trajectories]
 
     def _lookup(self, prompt_id: str) -> int:
         try:

@@ -1,0 +1,242 @@
+"""Configuration of the policy families (`math`, `multihop`, `toolcall`): frozen, validated dataclasses.
+
+Each family's `difficulty` is a mixture of normals on the logit scale: a task's latent difficulty z (its
+success-relevant transitions have logit z + ...). The defaults give each family its own RLVR-like mix of
+near-certain, near-hopeless and in-between tasks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trace_client.sim.config import _check_probability, _check_range, _require
+
+
+@dataclass(frozen=True, slots=True)
+class LogitComponent:
+    """One component of a difficulty mixture: `weight` · N(`mean`, `sd`²) on the logit scale."""
+
+    weight: float
+    mean: float
+    sd: float
+
+    def __post_init__(self) -> None:
+        _require(self.weight > 0, f"mixture weight must be positive, got {self.weight}")
+        _require(self.sd >= 0, f"standard deviation must be non-negative, got {self.sd}")
+
+
+def _check_common(prompts: int, difficulty: tuple[LogitComponent, ...], learning_rate: float) -> None:
+    _require(prompts >= 1, f"prompts must be at least 1, got {prompts}")
+    _require(len(difficulty) >= 1, "difficulty needs at least one component")
+    _require(learning_rate >= 0, "learning_rate must be non-negative")
+
+
+def _check_features(feature_dim: int) -> None:
+    _require(feature_dim >= 0, "feature_dim must be non-negative")
+
+
+# Bimodal: a maths task is mostly solved or mostly failed, whatever the steps.
+MATH_DIFFICULTY = (
+    LogitComponent(weight=0.42, mean=-5.0, sd=1.8),
+    LogitComponent(weight=0.33, mean=4.5, sd=1.6),
+    LogitComponent(weight=0.25, mean=0.0, sd=1.5),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class MathConfig:
+    """Mathematical reasoning: `min_steps`–`max_steps` reasoning steps, then an answer.
+
+    Turn t (0-based) answers with probability α_t: 0 before `min_steps`, `answer_prob` up to
+    `max_steps` − 1, 1 at `max_steps`. With r sound steps so far and g(a) = [a is the topic's right
+    method for turn t] − 1/actions:
+
+        P(step sound)    = σ(z + b + method_bonus · g(a)),
+        P(answer right)  = σ(z + b + prefix_weight · (2r − t) + method_bonus · g(a)),
+
+    z the task's difficulty, b its competence (learning mode). A small `prefix_weight` makes the prefix
+    move the odds little: success is decided mostly by z.
+    """
+
+    prompts: int = 2048
+    topics: int = 4
+    actions: int = 4
+    min_steps: int = 2
+    max_steps: int = 4
+    answer_prob: float = 0.5
+    difficulty: tuple[LogitComponent, ...] = MATH_DIFFICULTY
+    # Chance that the topic shown to the agent (and in the prompt) is a wrong one.
+    topic_noise: float = 0.15
+    method_bonus: float = 1.2
+    prefix_weight: float = 0.3
+    learning_rate: float = 0.3
+    feature_dim: int = 0
+    feature_signal: float = 0.5
+    vocabulary_seed: int = 0
+    # Text: prompts hold graded difficulty words at `prompt_signal_rate`, their level blurred by
+    # `level_noise` on the logit scale (modest signal); steps carry sound / unsound verdict words, each
+    # flipped with `verdict_flip` (weak signal).
+    prompt_words: tuple[int, int] = (8, 30)
+    prompt_signal_rate: float = 0.15
+    level_noise: float = 2.0
+    step_words: tuple[int, int] = (3, 10)
+    verdict_rate: float = 0.3
+    verdict_flip: float = 0.35
+
+    def __post_init__(self) -> None:
+        _check_common(self.prompts, self.difficulty, self.learning_rate)
+        _check_features(self.feature_dim)
+        _require(self.topics >= 1 and self.actions >= 2, "need at least one topic and two actions")
+        _require(
+            1 <= self.min_steps <= self.max_steps,
+            f"steps must satisfy 1 <= min_steps <= max_steps, got {self.min_steps}, {self.max_steps}",
+        )
+        _check_probability("answer_prob", self.answer_prob)
+        _check_probability("topic_noise", self.topic_noise)
+        _check_probability("prompt_signal_rate", self.prompt_signal_rate)
+        _check_probability("verdict_rate", self.verdict_rate)
+        _require(0.0 <= self.verdict_flip <= 0.5, "verdict_flip must lie in [0, 0.5]")
+        _require(self.level_noise >= 0, "level_noise must be non-negative")
+        _check_range("prompt_words", self.prompt_words, 1)
+        _check_range("step_words", self.step_words, 0)
+
+    @property
+    def max_turns(self) -> int:
+        return self.max_steps + 1
+
+
+# Wide and unimodal: retrieval makes most questions a matter of luck along the way.
+MULTIHOP_DIFFICULTY = (
+    LogitComponent(weight=0.55, mean=0.8, sd=1.4),
+    LogitComponent(weight=0.3, mean=-2.5, sd=1.2),
+    LogitComponent(weight=0.15, mean=3.0, sd=1.0),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class MultihopConfig:
+    """Multi-hop question answering: search turns that find (or miss) the next document, then an answer.
+
+    A question of kind u needs h(u) = `min_hops` + (u mod (`max_hops` − `min_hops` + 1)) documents.
+    Actions 0 … `search_styles` − 1 search; the last action answers (so does every action on the last
+    turn). With f documents found, g(a) = [a is the kind's right style for hop f] − 1/search_styles:
+
+        P(found | search, f < h) = σ(z + b + style_bonus · g(a)),     (f ≥ h: nothing new)
+        P(right | answer)        = σ(z + b + answer_bias − missing_penalty · (h − f)⁺).
+
+    Finding or missing a document moves the odds a lot; answering early is usually wrong.
+    """
+
+    prompts: int = 2048
+    kinds: int = 4
+    search_styles: int = 3
+    min_hops: int = 2
+    max_hops: int = 3
+    max_turns: int = 8
+    difficulty: tuple[LogitComponent, ...] = MULTIHOP_DIFFICULTY
+    kind_noise: float = 0.2
+    style_bonus: float = 1.5
+    answer_bias: float = 1.5
+    missing_penalty: float = 3.0
+    # The default policy's answer logit by documents found (searches have logit 0): a base model that
+    # usually answers once it has two documents, so three-hop questions are often answered too early.
+    answer_prior: tuple[float, ...] = (-2.5, -1.5, 0.5, 1.5)
+    learning_rate: float = 0.3
+    feature_dim: int = 0
+    feature_signal: float = 0.5
+    vocabulary_seed: int = 0
+    # Text: prompts hold graded obscurity words (strong signal); a found document names the bridge
+    # entity and holds relevance words, each flipped with `document_flip`.
+    prompt_words: tuple[int, int] = (6, 24)
+    prompt_signal_rate: float = 0.3
+    level_noise: float = 1.0
+    document_words: tuple[int, int] = (6, 18)
+    relevance_rate: float = 0.4
+    document_flip: float = 0.1
+
+    def __post_init__(self) -> None:
+        _check_common(self.prompts, self.difficulty, self.learning_rate)
+        _check_features(self.feature_dim)
+        _require(self.kinds >= 1 and self.search_styles >= 1, "need at least one kind and one search style")
+        _require(
+            1 <= self.min_hops <= self.max_hops,
+            f"hops must satisfy 1 <= min_hops <= max_hops, got {self.min_hops}, {self.max_hops}",
+        )
+        _require(self.max_turns >= 1, "max_turns must be at least 1")
+        _require(
+            len(self.answer_prior) == self.max_hops + 1,
+            f"answer_prior needs one logit per documents-found level 0 … {self.max_hops}",
+        )
+        _check_probability("kind_noise", self.kind_noise)
+        _require(self.missing_penalty >= 0, "missing_penalty must be non-negative")
+        _check_probability("prompt_signal_rate", self.prompt_signal_rate)
+        _check_probability("relevance_rate", self.relevance_rate)
+        _require(0.0 <= self.document_flip <= 0.5, "document_flip must lie in [0, 0.5]")
+        _require(self.level_noise >= 0, "level_noise must be non-negative")
+        _check_range("prompt_words", self.prompt_words, 1)
+        _check_range("document_words", self.document_words, 0)
+
+    @property
+    def actions(self) -> int:
+        return self.search_styles + 1
+
+
+# Skewed to failure: a chain of calls multiplies the chances of each.
+TOOLCALL_DIFFICULTY = (
+    LogitComponent(weight=0.45, mean=-2.5, sd=1.5),
+    LogitComponent(weight=0.35, mean=1.5, sd=1.2),
+    LogitComponent(weight=0.2, mean=4.5, sd=1.0),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolcallConfig:
+    """Function calling: m calls in sequence (m uniform in `min_calls` … `max_calls`), one per turn.
+
+    In latent state (k calls done, e = the last call failed recoverably) a call with variant a succeeds
+    with probability q = σ(z + b + variant_bonus · g(a)), g(a) = [a is the API's right variant for
+    (k, e)] − 1/actions. A failed call is fatal (absorbing failure: the rollout ends with reward 0) with
+    probability `fatal_right` or `fatal_wrong`, else a recoverable error (e = 1). The m-th success ends the
+    rollout with reward 1; running out of `max_turns` ends it with reward 0.
+    """
+
+    prompts: int = 2048
+    apis: int = 3
+    actions: int = 4
+    min_calls: int = 2
+    max_calls: int = 4
+    max_turns: int = 7
+    difficulty: tuple[LogitComponent, ...] = TOOLCALL_DIFFICULTY
+    api_noise: float = 0.1
+    variant_bonus: float = 2.0
+    fatal_right: float = 0.05
+    fatal_wrong: float = 0.4
+    learning_rate: float = 0.3
+    feature_dim: int = 0
+    feature_signal: float = 0.5
+    vocabulary_seed: int = 0
+    # Text: the request holds graded difficulty words (weak signal); responses show the status exactly,
+    # but an error's `retryable` flag is wrong with probability `retryable_flip`.
+    prompt_words: tuple[int, int] = (6, 20)
+    prompt_signal_rate: float = 0.1
+    level_noise: float = 3.0
+    message_words: tuple[int, int] = (2, 8)
+    retryable_flip: float = 0.2
+
+    def __post_init__(self) -> None:
+        _check_common(self.prompts, self.difficulty, self.learning_rate)
+        _check_features(self.feature_dim)
+        _require(self.apis >= 1 and self.actions >= 2, "need at least one API and two variants")
+        _require(
+            1 <= self.min_calls <= self.max_calls,
+            f"calls must satisfy 1 <= min_calls <= max_calls, got {self.min_calls}, {self.max_calls}",
+        )
+        _require(self.max_turns >= self.max_calls, "max_turns must leave room for max_calls calls")
+        _check_probability("api_noise", self.api_noise)
+        _check_probability("fatal_right", self.fatal_right)
+        _check_probability("fatal_wrong", self.fatal_wrong)
+        _check_probability("prompt_signal_rate", self.prompt_signal_rate)
+        _require(0.0 <= self.retryable_flip <= 0.5, "retryable_flip must lie in [0, 0.5]")
+        _require(self.level_noise >= 0, "level_noise must be non-negative")
+        _check_range("prompt_words", self.prompt_words, 1)
+        _check_range("message_words", self.message_words, 0)

@@ -1,0 +1,214 @@
+"""Family "multihop": multi-hop question answering — search turns, then an answer (see `MultihopConfig`).
+
+Latent state: f, the number of documents found so far (0 … max_hops), then SUCCESS / FAILURE. A search
+finds the next document or misses it (nothing new once all h are found); an answer is right or wrong;
+every action of the last turn answers. The agent reads its visible question kind and f (context =
+visible kind × f); the right search style depends on the true kind and the hop, right(u, f) =
+(u + f) mod search_styles.
+
+Text: "question: <relation> of … of <Entity>? <words>" (one relation per hop, from the visible kind's
+relations; graded obscurity words), turns "search <style> <Entity> <relation>" then "doc <Title>:
+<snippet>" (a found document's title is the bridge entity and its snippet holds relevance cues) or
+"final answer: <Entity>".
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trace_client.sim.family_config import MultihopConfig
+from trace_client.sim.lexicon import MULTIHOP_SPELLING, Lexicon
+from trace_client.sim.tabular import (
+    FloatArray,
+    IntArray,
+    TabularWorkload,
+    TurnDraw,
+    draw_difficulty,
+    noisy_labels,
+    sigmoid,
+    uniform_lengths,
+)
+
+_FAMILY_TAG = 202
+_OBSCURITY_LEVELS = 7
+_LEVEL_SPAN = 4.0
+_RELATIONS_PER_KIND = 4
+_ENTITIES = 1500
+_FOUND, _MISSED = 0, 1
+_RIGHT, _WRONG = 0, 1
+
+
+class MultihopWorkload(TabularWorkload):
+    """Multi-hop questions; `seed` decides the tasks, `config.vocabulary_seed` the words."""
+
+    name = "multihop"
+
+    def __init__(self, config: MultihopConfig | None = None, seed: int = 0) -> None:
+        self.config = config if config is not None else MultihopConfig()
+        config = self.config
+        rng = np.random.default_rng([seed, _FAMILY_TAG])
+        self.kind = rng.integers(0, config.kinds, config.prompts).astype(np.int64)
+        self.visible_kind = noisy_labels(self.kind, config.kinds, config.kind_noise, rng)
+        self.difficulty = draw_difficulty(config.difficulty, config.prompts, rng)
+        self.hops = (config.min_hops + self.kind % (config.max_hops - config.min_hops + 1)).astype(np.int64)
+        # The question's subject and the entity each hop leads to (the last is the answer).
+        self._chain = rng.integers(0, _ENTITIES, (config.prompts, config.max_hops + 1)).astype(np.int64)
+        self.lexicon = Lexicon(
+            MULTIHOP_SPELLING,
+            {
+                "distractor": 1200,
+                "entity": _ENTITIES,
+                "relation": _RELATIONS_PER_KIND * config.kinds,
+                "style": config.search_styles,
+                "obscurity": 6 * _OBSCURITY_LEVELS,
+                "relevant": 16,
+                "irrelevant": 16,
+            },
+            seed=(config.vocabulary_seed, _FAMILY_TAG),
+        )
+        levels = config.max_hops + 1
+        theta = np.zeros((config.kinds * levels, config.actions))
+        theta[:, -1] = np.tile(np.array(config.answer_prior), config.kinds)
+        super().__init__(
+            seed=seed,
+            prompts=config.prompts,
+            max_turns=config.max_turns,
+            states=levels + 2,
+            actions=config.actions,
+            contexts=config.kinds * levels,
+            theta=theta,
+            learning_rate=config.learning_rate,
+            feature_dim=config.feature_dim,
+            feature_signal=config.feature_signal,
+            feature_seed=config.vocabulary_seed,
+            text_rng=rng,
+        )
+
+    @property
+    def answer_action(self) -> int:
+        return self.config.search_styles
+
+    def right_style(self, kind: IntArray) -> IntArray:
+        """right(u, f) = (u + f) mod search_styles, shape (len(kind), max_hops + 1)."""
+        found = np.arange(self.config.max_hops + 1)
+        return np.asarray((kind[:, None] + found[None, :]) % self.config.search_styles, dtype=np.int64)
+
+    def _next_states(self) -> IntArray:
+        config = self.config
+        levels = config.max_hops + 1
+        found = np.arange(levels)
+        next_state = np.zeros((config.max_turns, self.states, config.actions, 2), dtype=np.int64)
+        next_state[:, :levels, :, _FOUND] = np.minimum(found + 1, config.max_hops)[:, None]
+        next_state[:, :levels, :, _MISSED] = found[:, None]
+        answers = next_state[:, :, self.answer_action]
+        answers[..., _RIGHT], answers[..., _WRONG] = self.success_state, self.failure_state
+        last = next_state[-1]
+        last[..., _RIGHT], last[..., _WRONG] = self.success_state, self.failure_state
+        return next_state
+
+    def _context_table(self) -> IntArray:
+        levels = self.config.max_hops + 1
+        found = np.minimum(np.arange(self.states), levels - 1)
+        context = self.visible_kind[:, None] * levels + found[None, :]
+        return np.repeat(context[None], self.config.max_turns, axis=0).astype(np.int64)
+
+    def _transition_probabilities(self, tasks: IntArray) -> FloatArray:
+        config = self.config
+        levels = config.max_hops + 1
+        styles = config.search_styles
+        logit = (self.difficulty[tasks] + self._competence[tasks])[:, None]
+        found = np.arange(levels)[None, :]
+        hops = self.hops[tasks][:, None]
+        right = self.right_style(self.kind[tasks])[:, :, None] == np.arange(styles)[None, None, :]
+        find = sigmoid(logit[:, :, None] + config.style_bonus * (right - 1.0 / styles))
+        find = np.where((found < hops)[:, :, None], find, 0.0)  # (tasks, levels, styles)
+        missing = np.maximum(hops - found, 0)
+        answer = sigmoid(logit + config.answer_bias - config.missing_penalty * missing)  # (tasks, levels)
+        probabilities = np.zeros((config.max_turns, tasks.shape[0], self.states, config.actions, 2))
+        probabilities[:, :, :levels, :styles, _FOUND] = find
+        probabilities[:, :, :levels, :styles, _MISSED] = 1 - find
+        probabilities[:, :, :levels, styles, _RIGHT] = answer
+        probabilities[:, :, :levels, styles, _WRONG] = 1 - answer
+        probabilities[-1, :, :levels, :, _RIGHT] = answer[:, :, None]
+        probabilities[-1, :, :levels, :, _WRONG] = 1 - answer[:, :, None]
+        return probabilities
+
+    def _prompt_texts(self, rng: np.random.Generator) -> list[str]:
+        config = self.config
+        count = config.prompts
+        lexicon = self.lexicon
+        relation_ids = _RELATIONS_PER_KIND * self.visible_kind[:, None] + rng.integers(
+            0, _RELATIONS_PER_KIND, (count, config.max_hops)
+        )
+        relations = np.array(lexicon.of("relation", relation_ids.reshape(-1)), dtype=object).reshape(
+            count, config.max_hops
+        )
+        subjects = self._entities(self._chain[:, 0])
+        lengths = uniform_lengths(config.prompt_words, count, rng)
+        words = lexicon.segments(
+            lengths,
+            np.full(count, config.prompt_signal_rate),
+            lambda owners: lexicon.graded(
+                "obscurity", self.difficulty[owners], _OBSCURITY_LEVELS, config.level_noise, _LEVEL_SPAN, rng
+            ),
+            rng,
+        )
+        return [
+            f"question: {' of '.join(row[:hops])} of {subject}? {text}"
+            for row, hops, subject, text in zip(
+                relations.tolist(), self.hops.tolist(), subjects, words, strict=True
+            )
+        ]
+
+    def _turn_texts(self, draw: TurnDraw, rng: np.random.Generator) -> list[str]:
+        config = self.config
+        count = draw.tasks.shape[0]
+        lexicon = self.lexicon
+        found_level = np.minimum(draw.before, config.max_hops)
+        answered = (draw.action == self.answer_action) | (draw.turn == config.max_turns - 1)
+        found = ~answered & (draw.after > draw.before)
+        # A search after all hops are found brings a redundant document: no cue either way.
+        redundant = ~answered & (found_level >= self.hops[draw.tasks])
+        query_entities = self._entities(self._chain[draw.tasks, found_level])
+        titles = self._entities(
+            np.where(
+                found,
+                self._chain[draw.tasks, np.minimum(found_level + 1, config.max_hops)],
+                rng.integers(0, _ENTITIES, count),
+            )
+        )
+        answers = self._entities(
+            np.where(
+                draw.after == self.success_state,
+                self._chain[draw.tasks, self.hops[draw.tasks]],
+                rng.integers(0, _ENTITIES, count),
+            )
+        )
+        relations = lexicon.of(
+            "relation",
+            _RELATIONS_PER_KIND * self.visible_kind[draw.tasks] + rng.integers(0, _RELATIONS_PER_KIND, count),
+        )
+        styles = lexicon.of("style", np.minimum(draw.action, config.search_styles - 1))
+        shown_relevant = found ^ (rng.random(count) < config.document_flip)
+        lengths = uniform_lengths(config.document_words, count, rng)
+        snippets = lexicon.segments(
+            lengths,
+            np.where(redundant, 0.0, config.relevance_rate),
+            lambda owners: np.where(
+                shown_relevant[owners],
+                lexicon.uniform("relevant", owners.shape[0], rng),
+                lexicon.uniform("irrelevant", owners.shape[0], rng),
+            ),
+            rng,
+        )
+        return [
+            f"final answer: {answer}"
+            if is_answer
+            else f"search {style} {entity} {relation}\ndoc {title}: {snippet}"
+            for is_answer, answer, style, entity, relation, title, snippet in zip(
+                answered.tolist(), answers, styles, query_entities, relations, titles, snippets, strict=True
+            )
+        ]
+
+    def _entities(self, index: IntArray) -> list[str]:
+        return [name.capitalize() for name in self.lexicon.of("entity", index)]
