@@ -67,7 +67,7 @@ class MathConfig:
     difficulty: tuple[LogitComponent, ...] = MATH_DIFFICULTY
     # Chance that the topic shown to the agent (and in the prompt) is a wrong one.
     topic_noise: float = 0.15
-    method_bonus: float = 1.2
+    method_bonus: float = 2.0
     prefix_weight: float = 0.3
     learning_rate: float = 0.3
     feature_dim: int = 0
@@ -107,9 +107,9 @@ class MathConfig:
 
 # Wide and unimodal: retrieval makes most questions a matter of luck along the way.
 MULTIHOP_DIFFICULTY = (
-    LogitComponent(weight=0.55, mean=0.8, sd=1.4),
-    LogitComponent(weight=0.3, mean=-2.5, sd=1.2),
-    LogitComponent(weight=0.15, mean=3.0, sd=1.0),
+    LogitComponent(weight=0.5, mean=0.5, sd=1.5),
+    LogitComponent(weight=0.3, mean=-3.0, sd=1.2),
+    LogitComponent(weight=0.2, mean=3.0, sd=1.0),
 )
 
 
@@ -183,9 +183,9 @@ class MultihopConfig:
 
 # Skewed to failure: a chain of calls multiplies the chances of each.
 TOOLCALL_DIFFICULTY = (
-    LogitComponent(weight=0.45, mean=-2.5, sd=1.5),
-    LogitComponent(weight=0.35, mean=1.5, sd=1.2),
-    LogitComponent(weight=0.2, mean=4.5, sd=1.0),
+    LogitComponent(weight=0.5, mean=-2.5, sd=1.5),
+    LogitComponent(weight=0.38, mean=1.5, sd=1.2),
+    LogitComponent(weight=0.12, mean=4.5, sd=1.0),
 )
 
 

@@ -87,6 +87,9 @@ class MathWorkload(TabularWorkload):
         turn = np.arange(self.config.max_turns)
         return np.asarray((topic[:, None] + turn[None, :]) % self.config.actions, dtype=np.int64)
 
+    def right_actions(self) -> IntArray:
+        return self.right_method(np.arange(self.config.topics)).reshape(-1)
+
     def _next_states(self) -> IntArray:
         config = self.config
         sound = np.arange(config.max_steps + 1)

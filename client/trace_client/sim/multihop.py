@@ -50,7 +50,7 @@ class MultihopWorkload(TabularWorkload):
         self.kind = rng.integers(0, config.kinds, config.prompts).astype(np.int64)
         self.visible_kind = noisy_labels(self.kind, config.kinds, config.kind_noise, rng)
         self.difficulty = draw_difficulty(config.difficulty, config.prompts, rng)
-        self.hops = (config.min_hops + self.kind % (config.max_hops - config.min_hops + 1)).astype(np.int64)
+        self.hops = self.hops_of(self.kind)
         # The question's subject and the entity each hop leads to (the last is the answer).
         self._chain = rng.integers(0, _ENTITIES, (config.prompts, config.max_hops + 1)).astype(np.int64)
         self.lexicon = Lexicon(
@@ -92,6 +92,18 @@ class MultihopWorkload(TabularWorkload):
         """right(u, f) = (u + f) mod search_styles, shape (len(kind), max_hops + 1)."""
         found = np.arange(self.config.max_hops + 1)
         return np.asarray((kind[:, None] + found[None, :]) % self.config.search_styles, dtype=np.int64)
+
+    def hops_of(self, kind: IntArray) -> IntArray:
+        """h(u) = min_hops + (u mod (max_hops − min_hops + 1)), the documents a kind-u question needs."""
+        config = self.config
+        return np.asarray(config.min_hops + kind % (config.max_hops - config.min_hops + 1), dtype=np.int64)
+
+    def right_actions(self) -> IntArray:
+        """Search with the right style until h(u) documents are found, then answer."""
+        kinds = np.arange(self.config.kinds)
+        found = np.arange(self.config.max_hops + 1)[None, :]
+        complete = found >= self.hops_of(kinds)[:, None]
+        return np.where(complete, self.answer_action, self.right_style(kinds)).reshape(-1).astype(np.int64)
 
     def _next_states(self) -> IntArray:
         config = self.config

@@ -143,6 +143,7 @@ class TabularWorkload(PolicyWorkload):
         self._check_tables()
         self._values = np.zeros((max_turns + 1, prompts, states))
         self._lengths = np.zeros((max_turns + 1, prompts, states))
+        self._stale_lengths = np.ones(prompts, dtype=np.bool_)
         self._theta = np.zeros((contexts, actions))
         self.policy = theta
         ids = [f"{self.name}{seed}-p{index:05d}" for index in range(prompts)]
@@ -167,6 +168,11 @@ class TabularWorkload(PolicyWorkload):
     @abstractmethod
     def _transition_probabilities(self, tasks: IntArray) -> FloatArray:
         """P for the given tasks, shape (max_turns, len(tasks), states, actions, outcomes)."""
+
+    @abstractmethod
+    def right_actions(self) -> IntArray:
+        """Per context, the action that is right there for a task whose visible type is its true type:
+        an expert's policy (its one-hot logits raise success wherever the type is read correctly)."""
 
     @abstractmethod
     def _prompt_texts(self, rng: np.random.Generator) -> list[str]:
@@ -199,7 +205,7 @@ class TabularWorkload(PolicyWorkload):
             raise ValueError("policy logits must be finite")
         self._theta = theta.copy()
         self._action_probabilities = softmax_rows(self._theta)
-        self._solve(np.arange(len(self._competence)))
+        self._solve(slice(None))
 
     def action_probabilities(self) -> FloatArray:
         """π_θ(a | c), shape (contexts, actions)."""
@@ -221,7 +227,20 @@ class TabularWorkload(PolicyWorkload):
 
     def expected_remaining_turns(self, state: RolloutState) -> float:
         index, latent = self._locate(state)
-        return float(self._lengths[state.turns, index, latent])
+        return float(self._fresh_lengths(index)[state.turns, latent])
+
+    def successors(self, state: RolloutState) -> tuple[FloatArray, IntArray, FloatArray]:
+        """The exact one-turn lookahead from an unfinished state, each of shape (actions, outcomes): the
+        probability π_θ(a | c) · P(k | s, a) of every (action, outcome) pair, the latent state s' it leads
+        to, and V_{t+1}(s') there. Σ probability · value = V_t(s), the martingale property."""
+        if state.done:
+            raise ValueError("a finished rollout has no successors")
+        index, latent = self._locate(state)
+        turn = state.turns
+        policy = self._action_probabilities[self._contexts[turn, index, latent]]
+        probability = policy[:, None] * self._probabilities[turn, index, latent]
+        after = self._next_state[turn, latent].copy()
+        return probability, after, self._values[turn + 1, index, after]
 
     def value(self, state: RolloutState) -> float:
         """V_t(s) of the state under the current policy (its `p` unless the policy changed since)."""
@@ -254,7 +273,7 @@ class TabularWorkload(PolicyWorkload):
         action = draw_rows(self._action_probabilities[self._contexts[turn, tasks, before]], rng)
         outcome = draw_rows(self._probabilities[turn, tasks, before, action], rng)
         after = self._next_state[turn, before, action, outcome]
-        p_after = np.clip(self._values[turn + 1, tasks, after], 0.0, 1.0)
+        p_after = self._values[turn + 1, tasks, after]
         final = after >= self.success_state
         draw = TurnDraw(
             tasks=tasks,
@@ -289,24 +308,36 @@ class TabularWorkload(PolicyWorkload):
 
     # --- internals ----------------------------------------------------------------------------------
 
-    def _solve(self, tasks: IntArray) -> None:
-        """Backward DP (module docstring) for the given tasks, under the current θ."""
+    def _solve(self, tasks: IntArray | slice) -> None:
+        """Values V for the given tasks under the current θ; their lengths L are recomputed on demand."""
+        self._values[:, tasks] = self._backward(tasks, success=1.0, turn_cost=0.0)
+        self._stale_lengths[tasks] = True
+
+    def _fresh_lengths(self, index: int) -> FloatArray:
+        """L for task `index`, after recomputing it (with every other stale task's) if θ or its
+        competence changed since."""
+        if self._stale_lengths[index]:
+            stale = np.flatnonzero(self._stale_lengths)
+            self._lengths[:, stale] = self._backward(stale, success=0.0, turn_cost=1.0)
+            self._stale_lengths[stale] = False
+        return np.asarray(self._lengths[:, index], dtype=np.float64)
+
+    def _backward(self, tasks: IntArray | slice, success: float, turn_cost: float) -> FloatArray:
+        """X_t(s) = turn_cost + Σ_a π_θ(a | C[t, i, s]) Σ_k P[t, i, s, a, k] · X_{t+1}(N[t, s, a, k]) for
+        open states, X(SUCCESS) = success and X(FAILURE) = 0 always (the module's V and L)."""
+        count = len(self._competence) if isinstance(tasks, slice) else tasks.shape[0]
         terminal = [self.success_state, self.failure_state]
-        values = np.zeros((self.max_turns + 1, tasks.shape[0], self.states))
-        values[:, :, self.success_state] = 1.0
-        lengths = np.zeros_like(values)
+        result = np.zeros((self.max_turns + 1, count, self.states))
+        result[:, :, self.success_state] = success
         for t in range(self.max_turns - 1, -1, -1):
-            next_state = self._next_state[t]
-            transition = self._probabilities[t][tasks]
             policy = self._action_probabilities[self._contexts[t][tasks]]
-            value_after = (transition * values[t + 1][:, next_state]).sum(axis=-1)
-            length_after = (transition * lengths[t + 1][:, next_state]).sum(axis=-1)
-            values[t] = np.clip((policy * value_after).sum(axis=-1), 0.0, 1.0)
-            lengths[t] = 1.0 + (policy * length_after).sum(axis=-1)
-            values[t][:, terminal] = (1.0, 0.0)
-            lengths[t][:, terminal] = 0.0
-        self._values[:, tasks] = values
-        self._lengths[:, tasks] = lengths
+            transition = self._probabilities[t][tasks]
+            after = result[t + 1][:, self._next_state[t]]
+            result[t] = turn_cost + np.einsum("nsa,nsak,nsak->ns", policy, transition, after)
+            result[t][:, terminal] = (success, 0.0)
+        if success:
+            np.clip(result, 0.0, 1.0, out=result)  # round-off must not push a probability past 1
+        return result
 
     def _with_absorbing_next(self, next_state: IntArray) -> IntArray:
         next_state = next_state.astype(np.int64).copy()

@@ -91,6 +91,9 @@ class ToolcallWorkload(TabularWorkload):
         done, failed = state // 2, state % 2
         return np.asarray((api[:, None] + done[None, :] + 2 * failed[None, :]) % self.config.actions)
 
+    def right_actions(self) -> IntArray:
+        return np.asarray(self.right_variant(np.arange(self.config.apis)).reshape(-1), dtype=np.int64)
+
     def _next_states(self) -> IntArray:
         config = self.config
         open_states = 2 * config.max_calls
