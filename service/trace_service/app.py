@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -33,6 +34,9 @@ from trace_service.settings import Settings
 from trace_service.store import TreeStore, connect
 
 logger = logging.getLogger(__name__)
+
+#: Seconds a thread holding the GIL runs before another that waits for it may take it.
+_SWITCH_INTERVAL = 0.0005
 
 
 async def _every(
@@ -99,6 +103,10 @@ def create_app(settings: Settings | None = None, *, store: TreeStore | None = No
         # kept out of the cyclic collector, it no longer makes every full collection a ~200 ms pause.
         gc.collect()
         gc.freeze()
+        # CPU work runs in worker threads; the event loop waits for the GIL after each of its
+        # system calls, up to the switch interval each time: 0.5 ms instead of 5 keeps /healthz fast.
+        switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(_SWITCH_INTERVAL)
         stop = asyncio.Event()
         tasks = [
             asyncio.create_task(
@@ -127,6 +135,7 @@ def create_app(settings: Settings | None = None, *, store: TreeStore | None = No
                 metrics_server.shutdown()
                 metrics_server.server_close()
             gc.unfreeze()
+            sys.setswitchinterval(switch_interval)
 
     app = FastAPI(
         title="trace-rollout",

@@ -10,6 +10,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from typing import ParamSpec, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -49,12 +50,23 @@ from trace_service.metrics import Metrics
 from trace_service.predictor import OutcomeCounts, Query, Turn
 from trace_service.runtime import PredictorRuntime
 from trace_service.settings import Settings
-from trace_service.store import AppliedBatch, NewTree, StoredTree, TreeMeta, TreeProgress, TreeStore
+from trace_service.store import (
+    AppliedBatch,
+    NewTree,
+    PromptOutcomes,
+    StoredTree,
+    TreeMeta,
+    TreeProgress,
+    TreeStore,
+)
 from trace_service.tree import advantages, prefix_candidates
 
 logger = logging.getLogger(__name__)
 
 IntArray = npt.NDArray[np.int64]
+#: A Stage 2 round's placement: continuations per candidate node, the candidates' ids, Ṽ at them, the
+#: fallback units among the continuations, and the round's budget share.
+Placement = tuple[IntArray, list[str], dict[str, float], int, int]
 
 #: Stage 1 of each policy: TRACE's solver, or a baseline's rule.
 _TRACE_ROOTS = {Policy.TRACE, Policy.TRACE_ROOT}
@@ -142,14 +154,27 @@ class Engine:
     async def _decide_roots(self, request: AllocateRequest) -> tuple[AllocateResponse, list[NewTree]]:
         prompts = request.prompts
         history = await self.store.prompt_outcomes(request.job, [p.prompt_id for p in prompts])
-        encoded = self.predictor.featurizer.encode_prompts(
-            [(p.prompt_id, p.text or "", p.features) for p in prompts]
+        encoded = await _off_loop(
+            len(prompts),
+            self.predictor.featurizer.encode_prompts,
+            [(p.prompt_id, p.text or "", p.features) for p in prompts],
         )
         queries = [
             Query(root, OutcomeCounts(h.successes, h.trials))
             for root, h in zip(encoded, history, strict=True)
         ]
         version, v = await self.predictor.predict(queries)
+        return await _off_loop(len(prompts), self._plan_roots, request, history, version, v)
+
+    def _plan_roots(
+        self,
+        request: AllocateRequest,
+        history: list[PromptOutcomes],
+        version: int,
+        v: npt.NDArray[np.float64],
+    ) -> tuple[AllocateResponse, list[NewTree]]:
+        """Stage 1 from the predictions: the answer and the trees to create."""
+        prompts = request.prompts
         counts = self._root_counts(request, v, np.array([h.zero_variance_streak for h in history]))
         expansion = np.floor(counts * request.expansion + 1e-9).astype(np.int64).tolist()
         rollouts, predicted = counts.tolist(), v.tolist()
@@ -398,14 +423,12 @@ class Engine:
         shares = round_budgets(meta.expansion_budget, meta.rounds)
         return max(sum(shares[:round_]) - meta.promised - meta.returned, 0)
 
-    def _fallback_counts(
-        self, tree: StoredTree, round_: int
-    ) -> tuple[IntArray, list[str], dict[str, float], int, int]:
+    def _fallback_counts(self, tree: StoredTree, round_: int) -> Placement:
         """What :meth:`_prefix_counts` returns when its rule failed: the share spread evenly over the
         candidates and counted as fallback, or returned (the caller asked for that, or not even the
         candidates are known)."""
         share = self._round_share(tree.meta, round_)
-        nothing = np.zeros(0, dtype=np.int64), [], {}, 0, share
+        nothing: Placement = np.zeros(0, dtype=np.int64), [], {}, 0, share
         if tree.meta.return_unspent:
             return nothing
         try:
@@ -417,20 +440,19 @@ class Engine:
         counts = spread_evenly(np.ones(len(node_ids), dtype=bool), share)
         return counts, node_ids, {}, int(counts.sum()), share
 
-    async def _prefix_counts(
-        self, tree: StoredTree, round_: int
-    ) -> tuple[IntArray, list[str], dict[str, float], int, int]:
-        """Stage 2 for one round: continuations per candidate node, the candidates' ids, Ṽ at them,
-        the fallback units among the continuations, and the round's budget share."""
+    async def _prefix_counts(self, tree: StoredTree, round_: int) -> Placement:
+        """Stage 2 for one round of ``tree``, by its policy's rule."""
         meta = tree.meta
         share = self._round_share(meta, round_)
-        candidates = prefix_candidates(tree.targets(self.settings.success_threshold))
+        size = len(tree.nodes)
+        threshold = self.settings.success_threshold
+        candidates = await _off_loop(size, lambda: prefix_candidates(tree.targets(threshold)))
         node_ids = [tree.nodes[i].node_id for i in candidates.nodes]
         if not node_ids or share == 0:
             return np.zeros(len(node_ids), dtype=np.int64), node_ids, {}, 0, share
         policy = Policy(meta.policy)
         if policy in _TRACE_PREFIXES:
-            _, encoded = self.predictor.encode_tree(tree, candidates.nodes.tolist())
+            _, encoded = await _off_loop(size, self.predictor.encode_tree, tree, candidates.nodes.tolist())
             outcomes = OutcomeCounts(*meta.prior_outcomes)
             _, p = await self.predictor.predict([Query(encoded[node_id], outcomes) for node_id in node_ids])
             expansion = expand_prefixes(
@@ -548,7 +570,7 @@ class Engine:
         tree = await self.store.load_tree(tree_id)
         if tree is None:
             raise NotFoundError(f"unknown tree {tree_id!r} (it may have expired)")
-        return export_tree(tree, self.settings.success_threshold)
+        return await _off_loop(len(tree.nodes), export_tree, tree, self.settings.success_threshold)
 
     async def close_tree(self, tree_id: str) -> TreeResponse:
         before = await self.store.close_tree(tree_id, self.clock())
@@ -560,7 +582,7 @@ class Engine:
         if before not in ("complete", "closed"):
             await self.store.dequeue_instructions(tree.meta.job, [(tree_id, i) for i in tree.instructions])
             await self._on_completed(tree_id)
-        return export_tree(tree, self.settings.success_threshold)
+        return await _off_loop(len(tree.nodes), export_tree, tree, self.settings.success_threshold)
 
     # --- GET /v1/jobs/{job}/stats and POST /v1/predict ------------------------------------------------
 
@@ -594,23 +616,39 @@ class Engine:
     async def predict(self, job: str, histories: Sequence[HistoryIn]) -> PredictResponse:
         history = await self.store.prompt_outcomes(job, [h.prompt_id for h in histories])
         featurizer = self.predictor.featurizer
-        queries = [
-            Query(
-                featurizer.encode(
-                    h.prompt_id,
-                    h.prompt_text or "",
-                    h.prompt_features,
-                    [Turn(turn.text or "", turn.features) for turn in h.turns],
-                ),
-                OutcomeCounts(outcomes.successes, outcomes.trials),
-            )
-            for h, outcomes in zip(histories, history, strict=True)
-        ]
-        version, values = await self.predictor.predict(queries)
+
+        def encode() -> list[Query]:
+            return [
+                Query(
+                    featurizer.encode(
+                        h.prompt_id,
+                        h.prompt_text or "",
+                        h.prompt_features,
+                        [Turn(turn.text or "", turn.features) for turn in h.turns],
+                    ),
+                    OutcomeCounts(outcomes.successes, outcomes.trials),
+                )
+                for h, outcomes in zip(histories, history, strict=True)
+            ]
+
+        turns = sum(len(h.turns) for h in histories) + len(histories)
+        version, values = await self.predictor.predict(await _off_loop(turns, encode))
         return PredictResponse(predictor_version=version, predictions=[float(x) for x in values])
 
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+#: Items (nodes, turns, prompts) from which CPU work leaves the event loop for a worker thread; below
+#: it the hand-off costs more than the work, and the loop is free again within a millisecond or two.
+_INLINE_ITEMS = 256
+
+
+async def _off_loop(size: int, work: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
+    """``work(*args)``: in a worker thread when ``size`` items make it long enough to stall the loop."""
+    if size <= _INLINE_ITEMS:
+        return work(*args, **kwargs)
+    return await asyncio.to_thread(work, *args, **kwargs)
 
 
 def feature_problem(features: Sequence[float] | None, feature_dim: int) -> str | None:

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 from support import LiveService, make_settings, rollout, turn
 
-from trace_proto import AllocateRequest, ExpandEvent, PromptIn
+from trace_proto import AllocateRequest, PromptIn
+from trace_proto.v1 import limits
 from trace_service.app import create_app
 from trace_service.engine import Engine
 
@@ -74,10 +77,6 @@ async def test_a_stage2_decision_that_fails_falls_back_and_is_counted(store_url:
         assert meta.promised == tree.expansion_budget == meta.fallback
         offered = (await engine.claim_instructions("default", 10)).instructions
         assert sum(i.count for i in offered) == tree.expansion_budget
-
-
-def _event(**fields: object) -> ExpandEvent:
-    return ExpandEvent.model_validate({"event_id": "e", "tree_id": "t", "node_id": "n", **fields})
 
 
 # --- 2. allocations of any allowed size ------------------------------------------------------------
@@ -156,9 +155,57 @@ def test_one_bad_event_is_rejected_alone(http: httpx.Client, bad: str) -> None:
 
 @pytest.mark.parametrize(
     "body",
-    ['{"events": [{}], "more": 1}', '[{"events": []}]', '{"events": []}', '{"events": [' + "[" * 3000, b"\xff\xfe"],
+    [
+        '{"events": [{}], "more": 1}',
+        '[{"events": []}]',
+        '{"events": []}',
+        '{"events": [' + "[" * 3000,
+        b"\xff\xfe",
+    ],
 )
 def test_a_body_of_the_wrong_shape_is_a_clear_422(http: httpx.Client, body: str | bytes) -> None:
     answer = http.post("/v1/expand", content=body, headers={"content-type": "application/json"})
     assert answer.status_code == 422, answer.text
     assert answer.json()["detail"]
+
+
+# --- 5. bounded work per request, none of it on the event loop -------------------------------------
+
+
+def test_a_predict_request_over_the_turn_budget_is_refused(http: httpx.Client) -> None:
+    histories = [{"prompt_id": f"p{i}", "turns": [{}] * 1024} for i in range(1024)]
+    answer = http.post("/v1/predict", json={"histories": histories})
+    assert answer.status_code == 422, answer.text[:300]
+    assert f"at most {limits.MAX_TURNS_PER_PREDICT} per request" in answer.json()["detail"]
+
+
+async def test_a_rollout_deeper_than_the_limit_is_refused_at_its_next_turn(store_url: str) -> None:
+    async with running_engine(store_url) as engine:
+        allocation = await engine.allocate(
+            AllocateRequest(step=0, budget=2, prompts=[PromptIn(prompt_id="p")]), None
+        )
+        tree_id = allocation.trees[0].tree_id
+        chain = rollout(tree_id, None, limits.MAX_TURNS_PER_HISTORY + 1, 1.0)
+        answer = await engine.expand(chain)
+        assert answer.accepted == limits.MAX_TURNS_PER_HISTORY
+        (refused,) = answer.rejected
+        assert refused.event_id == chain[-1].event_id and refused.status == 422
+        assert f"at most {limits.MAX_TURNS_PER_HISTORY} turns" in refused.error
+
+
+def test_healthz_answers_while_the_heaviest_predict_runs(http: httpx.Client) -> None:
+    histories = [
+        {"prompt_id": f"p{i}", "prompt_text": "word " * 1500, "turns": [{"text": "a b c d e f"}] * 16}
+        for i in range(limits.MAX_TURNS_PER_PREDICT // 16)
+    ]
+    with ThreadPoolExecutor(1) as pool:
+        heavy = pool.submit(http.post, "/v1/predict", json={"histories": histories})
+        waits = []
+        while not heavy.done():
+            start = time.perf_counter()
+            assert http.get("/healthz").status_code == 200
+            waits.append(time.perf_counter() - start)
+            time.sleep(0.01)
+        assert heavy.result().status_code == 200
+    # 100 ms on an idle machine; the bound leaves room for a loaded CI runner.
+    assert len(waits) > 5 and max(waits) < 0.5, sorted(waits)[-5:]

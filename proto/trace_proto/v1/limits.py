@@ -35,5 +35,7 @@ MAX_CLAIM: Final = 1_024
 DEFAULT_CLAIM: Final = 64
 #: Histories in one `/v1/predict` request.
 MAX_HISTORIES_PER_REQUEST: Final = 4_096
-#: Turns in one history of `/v1/predict`.
+#: Turns in one history: of a `/v1/predict` request, and of a rollout (the depth of a tree).
 MAX_TURNS_PER_HISTORY: Final = 1_024
+#: Turns over all histories of one `/v1/predict` request (each turn is encoded and scored).
+MAX_TURNS_PER_PREDICT: Final = 16_384

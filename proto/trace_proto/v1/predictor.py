@@ -1,8 +1,8 @@
 """`GET /v1/predictor` and `POST /v1/predict`: the shared success predictor Ṽ(H)."""
 
-from typing import Annotated
+from typing import Annotated, Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from trace_proto.v1.common import (
     DEFAULT_JOB,
@@ -16,7 +16,7 @@ from trace_proto.v1.common import (
     ResponseModel,
     Text,
 )
-from trace_proto.v1.limits import MAX_HISTORIES_PER_REQUEST, MAX_TURNS_PER_HISTORY
+from trace_proto.v1.limits import MAX_HISTORIES_PER_REQUEST, MAX_TURNS_PER_HISTORY, MAX_TURNS_PER_PREDICT
 
 
 class PredictorInfo(ResponseModel):
@@ -58,7 +58,18 @@ class PredictRequest(RequestModel):
     """Histories to score (debugging and offline evaluation)."""
 
     job: JobName = DEFAULT_JOB
-    histories: list[HistoryIn] = Field(min_length=1, max_length=MAX_HISTORIES_PER_REQUEST)
+    histories: list[HistoryIn] = Field(
+        min_length=1,
+        max_length=MAX_HISTORIES_PER_REQUEST,
+        description=f"At most {MAX_TURNS_PER_PREDICT} turns over all histories.",
+    )
+
+    @model_validator(mode="after")
+    def _check_work(self) -> Self:
+        turns = sum(len(history.turns) for history in self.histories)
+        if turns > MAX_TURNS_PER_PREDICT:
+            raise ValueError(f"histories hold {turns} turns; at most {MAX_TURNS_PER_PREDICT} per request")
+        return self
 
 
 class PredictResponse(ResponseModel):

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import re
 
 import pydantic_core
@@ -16,6 +17,7 @@ router = APIRouter(tags=["expansion"])
 
 #: A JSON string, or one of the structural characters outside strings.
 _TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}:,]', re.DOTALL)
+_INLINE_BODY_BYTES = 1 << 20
 _SHAPE = 'body must be a JSON object {"events": [event, ...]} and nothing else'
 
 
@@ -115,7 +117,13 @@ async def expand(request: Request, engine: EngineDep) -> ExpandResponse:
     Events are validated and applied one by one (a tree's events in order): a bad event is listed in
     `rejected` with its reason and never stops the others. Duplicated event ids are acknowledged.
     """
-    events, rejected = parse_events(await request.body())
+    body = await request.body()
+    # Validating a large body (and, if it fails as a whole, each of its events) takes tens of
+    # milliseconds: beside the event loop, not on it.
+    if len(body) > _INLINE_BODY_BYTES:
+        events, rejected = await asyncio.to_thread(parse_events, body)
+    else:
+        events, rejected = parse_events(body)
     response = await engine.expand(events) if events else ExpandResponse(accepted=0, duplicates=0)
     if not rejected:
         return response

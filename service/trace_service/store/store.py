@@ -21,6 +21,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import DataError, NoScriptError, RedisError
 
 from trace_proto import ExpandEvent
+from trace_proto.v1.limits import MAX_TURNS_PER_HISTORY
 from trace_service.store.keys import KeySpace
 from trace_service.store.records import (
     AppliedBatch,
@@ -260,6 +261,7 @@ class TreeStore:
                         success_threshold,
                         decision_lease,
                         uuid.uuid4().hex,
+                        MAX_TURNS_PER_HISTORY,
                     ],
                 )
             )

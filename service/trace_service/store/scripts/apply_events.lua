@@ -2,7 +2,7 @@
 -- KEYS: meta, nodes, events, instructions, predictions (all under the tree's hash tag)
 -- ARGV: events (JSON list of [event_id, node_id, parent_id, text, features, done, reward, instruction_id];
 --       "" stands for absent), now (seconds), ttl (seconds), success threshold, decision lease (seconds),
---       a fresh token naming this caller's claim on a Stage 2 decision
+--       a fresh token naming this caller's claim on a Stage 2 decision, the most turns of one rollout
 -- Returns {summary}; {summary, meta, nodes, instructions, predictions} when this caller claims a
 -- Stage 2 decision (the tree as the decision must see it, as flat field/value lists, which saves the
 -- claimant a round trip); {summary, meta} when this batch completed the tree (for its accounting).  summary is JSON {results = [[code, message], ...], job, status, decision
@@ -12,7 +12,7 @@
 local meta_key, nodes_key, events_key, instr_key, pred_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local events = cjson.decode(ARGV[1])
 local now, ttl, threshold, lease = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local claim_token = ARGV[6]
+local claim_token, max_depth = ARGV[6], tonumber(ARGV[7])
 
 local results, started = {}, {}
 if redis.call('EXISTS', meta_key) == 0 then
@@ -83,6 +83,8 @@ for i = 1, #events do
         code, message = 409, 'unknown parent ' .. parent_id .. ' (report a parent before its child)'
       elseif parent.done then
         code, message = 422, 'parent ' .. parent_id .. ' ended its rollout and cannot have children'
+      elseif parent.d >= max_depth then
+        code, message = 422, 'a rollout has at most ' .. max_depth .. ' turns: the last one ends it (done=true)'
       elseif instruction_id ~= '' then
         instruction = load_instruction(instruction_id)
         if not instruction then
