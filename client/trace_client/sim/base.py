@@ -18,6 +18,7 @@ import numpy.typing as npt
 from trace_client.sim.state import Prompt, RolloutState
 
 FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
 
 
 class Workload(ABC):
@@ -35,22 +36,52 @@ class Workload(ABC):
     def prompt(self, prompt_id: str) -> Prompt: ...
 
     def epoch_pool(self, step: int, size: int) -> list[Prompt]:
-        """Step `step`'s pool: consecutive slices of a seeded shuffle of the population, reshuffled every
-        epoch, so a prompt recurs about once per `len(prompts) / size` steps, as epochs over a data set."""
+        """Step `step`'s pool: positions [step·size, (step + 1)·size) of a stream that concatenates one
+        seeded permutation of the population per epoch, so every prompt is drawn exactly once per epoch
+        and recurs about once per `len(prompts) / size` steps, as epochs over a data set.
+
+        A pool that straddles two epochs must not hold a prompt twice: the new epoch's permutation is
+        repaired so that its head (the pool's rest) holds no prompt of the old epoch's tail, each such
+        prompt swapped with the first later allowed one. The pool depends only on (seed, size, step).
+        """
         population = len(self.prompts)
         if not 0 <= size <= population:
             raise ValueError(f"pool size must lie in [0, {population}], got {size}")
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
-        chosen: list[int] = []
-        cursor = step * size
-        while len(chosen) < size:
-            epoch, offset = divmod(cursor, population)
-            order = np.random.default_rng([self.seed, 7, epoch]).permutation(population)
-            take = order[offset : offset + size - len(chosen)].tolist()
-            chosen.extend(index for index in take if index not in chosen)
-            cursor += len(take)
-        return [self.prompts[index] for index in chosen]
+        if size == 0:
+            return []
+        begin = step * size
+        first_epoch, offset = divmod(begin, population)
+        last_epoch = (begin + size - 1) // population
+        orders = self._epoch_orders(size, last_epoch)
+        stream = np.concatenate(orders[first_epoch : last_epoch + 1])
+        return [self.prompts[index] for index in stream[offset : offset + size].tolist()]
+
+    def _epoch_orders(self, size: int, last_epoch: int) -> list[IntArray]:
+        """The repaired permutations of epochs 0 … `last_epoch` for pools of `size` (cached: each epoch's
+        repair depends on the one before)."""
+        caches: dict[int, list[IntArray]] | None = getattr(self, "_epoch_order_cache", None)
+        if caches is None:
+            caches = {}
+            self._epoch_order_cache = caches
+        orders = caches.setdefault(size, [])
+        population = len(self.prompts)
+        while len(orders) <= last_epoch:
+            epoch = len(orders)
+            order = np.random.default_rng([self.seed, 7, epoch]).permutation(population).astype(np.int64)
+            tail = epoch * population % size  # the previous epoch's share of the straddling pool
+            if epoch > 0 and tail:
+                forbidden = set(orders[-1][population - tail :].tolist())
+                later = size - tail
+                for position in range(size - tail):
+                    if int(order[position]) in forbidden:
+                        while int(order[later]) in forbidden:
+                            later += 1
+                        order[position], order[later] = order[later], order[position]
+                        later += 1
+            orders.append(order)
+        return orders
 
     @abstractmethod
     def start(self, prompt_id: str) -> RolloutState:
