@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import BeforeValidator, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+LogFormat = Literal["text", "json"]
+
+
+def _upper(value: object) -> object:
+    return value.upper() if isinstance(value, str) else value
 
 
 class Settings(BaseSettings):
@@ -14,6 +21,12 @@ class Settings(BaseSettings):
     # Store
     store_url: str = Field(default="", description="redis://… or rediss://…; empty: the embedded store.")
     store_cluster: bool = Field(default=False, description="The store URL names a Redis Cluster node.")
+    data_dir: str = Field(
+        default="trace-data",
+        description="Without a store URL: where the embedded store (a redis-server of the service's own) "
+        "keeps its append-only file, so that trees, stats and the predictor survive a restart; empty: "
+        "in memory only, lost on restart.",
+    )
     store_prefix: str = "trace"
     tree_ttl_seconds: int = Field(
         default=7 * 24 * 3600, ge=60, description="Trees expire this long after their last update."
@@ -54,7 +67,12 @@ class Settings(BaseSettings):
     )
 
     # Ops
-    log_level: str = "INFO"
+    log_level: Annotated[LogLevel, BeforeValidator(_upper)] = Field(
+        default="INFO", description="DEBUG, INFO, WARNING, ERROR or CRITICAL (any case)."
+    )
+    log_format: LogFormat = Field(
+        default="text", description="text, or json: one object per line with the request id."
+    )
     metrics_port: int = Field(
         default=0, ge=0, le=65535, description="Serve /metrics on this port only; 0: on the main port."
     )

@@ -1,0 +1,96 @@
+"""The service's log lines: text or JSON (`TRACE_LOG_FORMAT`), the request id on each, and a real
+`trace-rollout serve` whose every stderr line is one JSON object."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+from support import free_port, wait_for_port
+
+from trace_service.logs import TEXT_FORMAT, JsonFormatter, RequestIdFilter
+from trace_service.middleware import REQUEST_ID
+
+
+def record(message: str, *args: object, exc_info: bool = False) -> logging.LogRecord:
+    """A record as a logger makes it, stamped by the filter in the current context."""
+    error = None
+    if exc_info:
+        try:
+            raise RuntimeError("store down")
+        except RuntimeError:
+            error = sys.exc_info()
+    made = logging.LogRecord("trace_service.engine", logging.WARNING, __file__, 1, message, args, error)
+    assert RequestIdFilter().filter(made)
+    return made
+
+
+def test_a_json_line_carries_the_request_id_it_was_logged_under() -> None:
+    token = REQUEST_ID.set("req-7")
+    try:
+        stamped = record("tree %s failed to apply", "t1")
+    finally:
+        REQUEST_ID.reset(token)
+    entry = json.loads(JsonFormatter().format(stamped))
+    assert entry.pop("time").endswith("+00:00")
+    assert entry == {
+        "level": "WARNING",
+        "logger": "trace_service.engine",
+        "message": "tree t1 failed to apply",
+        "request_id": "req-7",
+    }
+
+
+def test_outside_a_request_the_id_is_a_dash() -> None:
+    assert json.loads(JsonFormatter().format(record("sweeper: 3 trees closed")))["request_id"] == "-"
+
+
+def test_a_traceback_stays_inside_its_one_json_line() -> None:
+    line = JsonFormatter().format(record("round failed\nsecond line", exc_info=True))
+    assert "\n" not in line
+    entry = json.loads(line)
+    assert entry["message"] == "round failed\nsecond line"
+    assert "RuntimeError: store down" in entry["exception"]
+
+
+def test_a_text_line_shows_the_request_id() -> None:
+    token = REQUEST_ID.set("req-8")
+    try:
+        line = logging.Formatter(TEXT_FORMAT).format(record("lease %d expired", 3))
+    finally:
+        REQUEST_ID.reset(token)
+    assert line.endswith(" WARNING trace_service.engine [req-8] lease 3 expired")
+
+
+def test_serve_with_json_logs_writes_only_json_lines_with_request_ids() -> None:
+    port = free_port()
+    environment = {
+        **os.environ,
+        "TRACE_LOG_FORMAT": "json",
+        "TRACE_STORE_URL": "",
+        "TRACE_TORCH_THREADS": "1",
+    }
+    command = [sys.executable, "-m", "trace_service.cli", "serve", "--port", str(port)]
+    server = subprocess.Popen(command, env=environment, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_port(port, timeout=60.0)
+        for request_id in ("probe-1", "probe-2"):
+            answer = httpx.get(f"http://127.0.0.1:{port}/healthz", headers={"X-Request-ID": request_id})
+            assert answer.status_code == 200
+        time.sleep(0.2)  # the access log is written after the answer
+    finally:
+        server.terminate()
+        _, stderr = server.communicate(timeout=30)
+    entries = [json.loads(line) for line in stderr.splitlines()]  # every line parses
+    assert {"Started server process", "Application startup complete."} <= {
+        entry["message"].split(" [")[0] for entry in entries
+    }
+    access = [entry for entry in entries if entry["logger"] == "uvicorn.access"]
+    assert [entry["request_id"] for entry in access] == ["probe-1", "probe-2"]
+    assert all('"GET /healthz HTTP/1.1" 200' in entry["message"] for entry in access)
+    assert all(entry.keys() >= {"time", "level", "logger", "message", "request_id"} for entry in entries)
