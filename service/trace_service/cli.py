@@ -1,15 +1,42 @@
-"""The ``trace-rollout`` command: ``serve`` the API, ``demo`` the method on a simulated workload,
-``openapi`` to write (or check) the committed OpenAPI document."""
+"""The `trace-rollout` command: `serve` the API, `demo` the method on a simulated workload, `openapi` to
+write (or check) the committed OpenAPI document.
+
+A failure the user can act on (an invalid setting or option, a service that cannot be reached) is one
+line on stderr, `trace-rollout COMMAND: error: ...`, with exit status 2 for bad input (as argparse's
+own errors) and 1 for the rest; never a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import textwrap
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trace_service import __version__
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 #: The committed OpenAPI document, relative to the repository root (also baked into the image).
 OPENAPI_PATH = Path("proto") / "openapi.v1.json"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+#: Exit status of a usage error: an invalid option or setting.
+USAGE_ERROR = 2
+#: `serve --help` prints its settings as they are (argparse would join the lines); wrapped to this.
+_HELP_WIDTH = 79
+
+
+class CommandError(Exception):
+    """A failure reported in one line, without a traceback; the command exits with `status`."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def openapi_text() -> str:
@@ -18,19 +45,53 @@ def openapi_text() -> str:
     return json.dumps(create_app().openapi(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
+def settings_error(error: ValidationError, flags: Mapping[str, str]) -> CommandError:
+    """Each invalid setting named as the user set it: its `--flag` or its `TRACE_` variable. Values are
+    not repeated (a store URL or token may carry a secret)."""
+    from trace_service.settings import Settings
 
-    from trace_service.app import create_app
+    prefix = Settings.model_config.get("env_prefix", "")
+    problems = []
+    for item in error.errors():
+        field = str(item["loc"][0]) if item["loc"] else None
+        name = "settings" if field is None else flags.get(field, f"{prefix}{field.upper()}")
+        problems.append(f"{name}: {item['msg']}")
+    noun = "setting" if len(problems) == 1 else "settings"
+    return CommandError(f"invalid {noun} {'; '.join(problems)}", USAGE_ERROR)
+
+
+def port_number(text: str) -> int:
+    """`--port`: a TCP port, 1-65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port number (1-65535)")
+    return port
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
     from trace_service.settings import Settings
 
     overrides = {"store_url": args.store_url} if args.store_url is not None else {}
-    settings = Settings(**overrides)
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as error:
+        raise settings_error(error, {"store_url": "--store-url"}) from None
+
+    import uvicorn
+
+    from trace_service.app import create_app
+    from trace_service.logs import logging_config
+
     uvicorn.run(
         create_app(settings),
         host=args.host,
         port=args.port,
-        log_level=settings.log_level.lower(),
+        log_config=logging_config(settings.log_level, settings.log_format),
         proxy_headers=True,
         timeout_graceful_shutdown=20,
     )
@@ -38,9 +99,21 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from trace_client import TraceAPIError, TraceConnectionError
     from trace_service import demo
 
-    demo.run(demo.config_from_arguments(args))
+    try:
+        config = demo.config_from_arguments(args)
+    except ValueError as error:
+        raise CommandError(str(error), USAGE_ERROR) from None
+    try:
+        report = demo.run(config, write=demo.write_stderr if args.json else demo.write_stdout)
+    except TraceConnectionError as error:
+        raise CommandError(f"the service at {config.url} is unreachable: {error}") from None
+    except TraceAPIError as error:
+        raise CommandError(f"the service at {config.url} answered {error}") from None
+    if args.json:
+        demo.write_stdout(json.dumps(demo.results_document(report), indent=2) + "\n")
     return 0
 
 
@@ -48,42 +121,88 @@ def _openapi(args: argparse.Namespace) -> int:
     text = openapi_text()
     if args.check:
         if not args.out.exists() or args.out.read_text() != text:
-            print(f"{args.out} is out of date: run `trace-rollout openapi`", file=sys.stderr)
-            return 1
+            raise CommandError(f"{args.out} is out of date: run `trace-rollout openapi`")
         return 0
     args.out.write_text(text)
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="trace-rollout", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+def _settings_epilog() -> str:
+    """The environment settings `serve` reads, with their defaults, from `Settings` itself."""
+    from trace_service.settings import Settings
 
-    serve = commands.add_parser("serve", help="run the HTTP service")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    prefix = Settings.model_config.get("env_prefix", "")
+    lines = ["settings, from the environment (default in parentheses):"]
+    for name, field in Settings.model_fields.items():
+        default = field.get_default(call_default_factory=True)
+        shown = ",".join(map(str, default)) if isinstance(default, list) else str(default)
+        description = f"{field.description} " if field.description else ""
+        entry = f"{prefix}{name.upper()}: {description}({shown or 'empty'})"
+        lines.append(textwrap.fill(entry, _HELP_WIDTH, initial_indent="  ", subsequent_indent="      "))
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from trace_service.demo import add_arguments as add_demo_arguments
+
+    parser = argparse.ArgumentParser(
+        prog="trace-rollout",
+        description="TRACE rollout allocation as a service: run the HTTP API, compare TRACE with uniform "
+        "allocation on a simulated workload, or write the OpenAPI document.",
+        epilog="`trace-rollout COMMAND --help` shows each command's options.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser(
+        "serve",
+        help="run the HTTP service",
+        description=textwrap.fill(
+            "Run the v1 HTTP API. Settings come from TRACE_* environment variables; an invalid one stops "
+            "the start with one line naming it.",
+            _HELP_WIDTH,
+        ),
+        epilog=_settings_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument("--host", default=DEFAULT_HOST, help=f"interface to listen on ({DEFAULT_HOST})")
+    serve.add_argument(
+        "--port", type=port_number, default=DEFAULT_PORT, help=f"port to listen on ({DEFAULT_PORT})"
+    )
     serve.add_argument(
         "--store-url",
         default=None,
-        help="redis://host:port/db; empty or unset: the embedded store (TRACE_STORE_URL)",
+        help="redis://host:port/db; empty: the embedded store (default: TRACE_STORE_URL, else empty)",
     )
     serve.set_defaults(run=_serve)
 
-    from trace_service.demo import add_arguments as add_demo_arguments
-
     demo = commands.add_parser(
-        "demo", help="TRACE against uniform allocation on a simulated workload: a table and a plot"
+        "demo",
+        help="TRACE against uniform allocation on a simulated workload: a table and a plot",
+        description="Drive a simulated multi-turn workload through the service with each policy at the "
+        "same budget and compare them. Without --url the service runs in this process.",
     )
     add_demo_arguments(demo)
     demo.set_defaults(run=_demo)
 
-    openapi = commands.add_parser("openapi", help="write the OpenAPI document")
-    openapi.add_argument("--out", type=Path, default=OPENAPI_PATH)
-    openapi.add_argument("--check", action="store_true", help="exit 1 if the committed document is stale")
+    openapi = commands.add_parser(
+        "openapi",
+        help="write the OpenAPI document",
+        description="Write the service's OpenAPI document, or check that the committed one is current.",
+    )
+    openapi.add_argument("--out", type=Path, default=OPENAPI_PATH, help=f"where to write it ({OPENAPI_PATH})")
+    openapi.add_argument("--check", action="store_true", help="exit 1 if the document there is stale")
     openapi.set_defaults(run=_openapi)
+    return parser
 
-    args = parser.parse_args(argv)
-    return int(args.run(args))
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except CommandError as error:
+        print(f"trace-rollout {args.command}: error: {error}", file=sys.stderr)
+        return error.status
 
 
 if __name__ == "__main__":

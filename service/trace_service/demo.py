@@ -8,7 +8,7 @@ pools and budgets. The policies run one after the other, so TRACE's predictor le
 own trees; after each TRACE step the demo gives the service's background loop a moment to train on the
 step's trees before the next allocation. At the end it prints a comparison table (from
 `GET /v1/jobs/{job}/stats` and `GET /v1/predictor`) and writes `effective_ratio.png` and `results.json`
-under `--out`.
+under `--out`; with `--json` the results document goes to stdout and everything else to stderr.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -53,6 +54,11 @@ Write = Callable[[str], None]
 def write_stdout(text: str) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()
+
+
+def write_stderr(text: str) -> None:
+    sys.stderr.write(text)
+    sys.stderr.flush()
 
 
 @dataclass(frozen=True)
@@ -129,6 +135,7 @@ async def run_demo(config: DemoConfig, url: str, write: Write) -> DemoReport:
     started = time.monotonic()
     runs = []
     async with AsyncTraceClient(url) as client:
+        await client.health()  # an unreachable service fails here, before any job is started
         for policy in config.policies:
             runs.append(await _run_policy(client, config, policy, write))
     return DemoReport(config, runs, time.monotonic() - started)
@@ -296,28 +303,41 @@ def plot(report: DemoReport, path: Path) -> Path | None:
     return path
 
 
-def write_results(report: DemoReport, path: Path) -> Path:
-    """The report as JSON: configuration, and per policy its per-step statistics and predictor."""
+def results_document(report: DemoReport) -> dict[str, object]:
+    """The report as JSON data: configuration, and per policy the table's figures, its per-step
+    statistics and its predictor."""
     config = asdict(report.config)
     config["out"] = str(report.config.out)
-    document = {
-        "config": config,
-        "seconds": report.seconds,
-        "runs": [
+    runs = []
+    for run in report.runs:
+        steps = run.stats.steps
+        bare = sum(step.rollouts_spent for step in steps)
+        continuations = sum(step.continuations_spent for step in steps)
+        runs.append(
             {
                 "policy": run.policy.value,
                 "job": run.job,
                 "seconds": run.seconds,
                 "effective_ratio": run.effective_ratio,
+                "last_step_effective_ratio": steps[-1].effective_ratio if steps else None,
+                "mixed": run.mixed,
+                "active": run.active,
+                "skipped": sum(step.skipped for step in steps),
+                "rollouts_spent": bare,
+                "continuations_spent": continuations,
+                "budget_spent": bare + continuations,
                 "predictor_versions": run.predictor_versions,
                 "predictor": None if run.predictor is None else run.predictor.model_dump(mode="json"),
-                "steps": [step.model_dump(mode="json") for step in run.stats.steps],
+                "steps": [step.model_dump(mode="json") for step in steps],
             }
-            for run in report.runs
-        ],
-    }
+        )
+    return {"config": config, "seconds": report.seconds, "runs": runs}
+
+
+def write_results(report: DemoReport, path: Path) -> Path:
+    """`results_document` as a JSON file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document, indent=2) + "\n")
+    path.write_text(json.dumps(results_document(report), indent=2) + "\n")
     return path
 
 
@@ -395,7 +415,9 @@ def _service(config: DemoConfig) -> Iterator[str]:
     from trace_service.settings import Settings
 
     # Fast background training so that each step's trees reach the predictor before the next one.
-    settings = Settings(store_url="", train_interval_seconds=0.5, torch_threads=1, log_level="WARNING")
+    settings = Settings(
+        store_url="", data_dir="", train_interval_seconds=0.5, torch_threads=1, log_level="WARNING"
+    )  # a fresh store per run: a comparison must not start from the last run's predictor
     with LocalService(create_app(settings)) as service:
         yield service.url
 
@@ -421,7 +443,12 @@ def run(config: DemoConfig, write: Write = write_stdout) -> DemoReport:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `demo` subcommand's options; defaults are `DemoConfig`'s."""
     d = DemoConfig()
-    parser.add_argument("--url", default=None, help="drive a running service instead of an in-process one")
+    parser.add_argument(
+        "--url",
+        type=service_url,
+        default=None,
+        help="drive the service at this http(s) URL instead of an in-process one (its token: TRACE_TOKEN)",
+    )
     parser.add_argument(
         "--out", type=Path, default=d.out, help=f"folder for the plot and results.json ({d.out})"
     )
@@ -457,7 +484,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.step_timeout,
         help=f"seconds before a step's trees are closed ({d.step_timeout:g})",
     )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the results document (as results.json) on stdout; the table and progress go to stderr",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress lines (none unless on a terminal)")
+
+
+def service_url(text: str) -> str:
+    """`--url`: an absolute http(s) URL."""
+    url = urlsplit(text)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise argparse.ArgumentTypeError(f"not an http(s) URL: {text!r}")
+    return text
 
 
 def policy_list(text: str) -> tuple[Policy, ...]:
@@ -478,5 +518,5 @@ def config_from_arguments(args: argparse.Namespace) -> DemoConfig:
         step_timeout=args.step_timeout,
         out=args.out,
         url=args.url,
-        progress=not args.quiet and sys.stdout.isatty(),
+        progress=not args.quiet and (sys.stderr if args.json else sys.stdout).isatty(),
     )
