@@ -1,0 +1,53 @@
+"""`scripts/setup`'s torch step, against a stand-in `.venv/bin/python` that records what pip is asked:
+torch==2.13.0 first exactly as CI installs it, `TORCH_INDEX_URL` choosing another index, an installed
+torch kept."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SETUP = Path(__file__).resolve().parents[2] / "scripts" / "setup"
+
+#: Records its arguments; `pip show torch` succeeds only when TORCH_INSTALLED is set.
+FAKE_PYTHON = """#!/usr/bin/env bash
+echo "$*" >> "$(dirname "$0")/calls"
+if [ "$*" = "-m pip show torch" ] && [ -z "${TORCH_INSTALLED:-}" ]; then exit 1; fi
+"""
+
+
+def pip_calls(tmp_path: Path, **environment: str) -> list[str]:
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(SETUP, tmp_path / "scripts" / "setup")
+    python = tmp_path / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    inherited = {key: value for key, value in os.environ.items() if key != "TORCH_INDEX_URL"}
+    subprocess.run([tmp_path / "scripts" / "setup"], env={**inherited, **environment}, check=True)
+    return (python.parent / "calls").read_text().splitlines()
+
+
+def test_by_default_torch_2_13_0_goes_first_from_the_configured_index(tmp_path: Path) -> None:
+    assert pip_calls(tmp_path) == [
+        "-m pip install --quiet --disable-pip-version-check --upgrade pip",
+        "-m pip show torch",
+        "-m pip install --quiet torch==2.13.0",
+        "-m pip install --quiet --disable-pip-version-check -e .[dev]",
+    ]
+
+
+@pytest.mark.parametrize("index", ["https://download.pytorch.org/whl/cpu", "http://mirror.test/whl cpu"])
+def test_torch_index_url_chooses_where_torch_comes_from(tmp_path: Path, index: str) -> None:
+    calls = pip_calls(tmp_path, TORCH_INDEX_URL=index)
+    assert calls[2] == f"-m pip install --quiet --index-url {index} torch==2.13.0"
+    assert calls[3] == "-m pip install --quiet --disable-pip-version-check -e .[dev]"  # the rest as usual
+
+
+def test_an_installed_torch_is_kept(tmp_path: Path) -> None:
+    calls = pip_calls(tmp_path, TORCH_INSTALLED="1", TORCH_INDEX_URL="https://download.pytorch.org/whl/cpu")
+    assert not any("torch==" in call for call in calls)
