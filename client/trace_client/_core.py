@@ -238,13 +238,14 @@ class ClientCore:
         max_retries: int,
         backoff: Backoff | None,
     ) -> None:
+        source = "base_url"
         if base_url is None:
-            base_url = os.environ.get(URL_VARIABLE, "")
+            source, base_url = URL_VARIABLE, os.environ.get(URL_VARIABLE, "")
             if not base_url:
                 raise ValueError(f"no service URL: pass base_url or set {URL_VARIABLE}")
         url = httpx.URL(base_url)
         if url.scheme not in ("http", "https") or not url.host:
-            raise ValueError(f"base_url must be an absolute http(s) URL; got {base_url!r}")
+            raise ValueError(f"{source} must be an absolute http(s) URL; got {base_url!r}")
         if token is None:
             token = os.environ.get(TOKEN_VARIABLE) or None
         elif not token.strip():

@@ -592,5 +592,5 @@ def test_no_url_anywhere_is_a_clear_error(
 
 def test_a_bad_url_in_the_environment_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRACE_URL", "trace:8000")
-    with pytest.raises(ValueError, match="absolute http"):
+    with pytest.raises(ValueError, match="TRACE_URL must be an absolute http"):
         TraceClient()
