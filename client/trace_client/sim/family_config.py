@@ -37,9 +37,9 @@ def _check_features(feature_dim: int) -> None:
 
 # Bimodal: a maths task is mostly solved or mostly failed, whatever the steps.
 MATH_DIFFICULTY = (
-    LogitComponent(weight=0.42, mean=-5.0, sd=1.8),
-    LogitComponent(weight=0.33, mean=4.5, sd=1.6),
-    LogitComponent(weight=0.25, mean=0.0, sd=1.5),
+    LogitComponent(weight=0.42, mean=-5.5, sd=1.6),
+    LogitComponent(weight=0.35, mean=5.0, sd=1.5),
+    LogitComponent(weight=0.23, mean=0.0, sd=1.5),
 )
 
 

@@ -50,7 +50,7 @@ MATH_SPELLING = Spelling(
     onsets=("t", "d", "n", "s", "l", "p", "k", "m", "r", "v", "z", "g"),
     nuclei=("a", "e", "i", "o", "u", "y"),
     codas=("x", "ax", "ex", "ix", "yx"),
-    syllables=(1, 3),
+    syllables=(2, 4),
     markers=frozenset("xy"),
     foreign=frozenset("hcwjq"),
 )
@@ -66,7 +66,7 @@ TOOLCALL_SPELLING = Spelling(
     onsets=("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "j", "q"),
     nuclei=("a", "e", "i", "o", "u"),
     codas=("w", "ow", "aw", "ew"),
-    syllables=(1, 2),
+    syllables=(2, 3),
     markers=frozenset("wjq"),
     foreign=frozenset("xyhc"),
 )
