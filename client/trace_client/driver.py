@@ -1,5 +1,5 @@
 """The worker driver: one training step of allocate → bare rollouts → expand → continuations, run around
-two user callables.
+two user callables; or one tree of an allocation, for a framework whose rollout loop runs per prompt.
 
     async def next_turn(history: History) -> TurnResult: ...   # one agent turn (sync is fine too)
 
@@ -24,6 +24,12 @@ What one step does:
    (`GET /v1/instructions`) and checks the tree's status.
 5. Returns when every tree is complete (or closed), with each tree as `GET /v1/trees/{id}` exports it.
 
+Per tree. A framework that hands out one prompt at a time (verl's agent loop, AReaL's `arun_episode`)
+allocates the step itself and calls `run_tree(tree, prompt, job=..., step=...)` once per allocated tree,
+concurrently, from one event loop. The calls of one job share one reporter, one rollout limit and one
+poller (the same core as `run_step`), so their events still travel in shared batches; each call
+returns its own `FinishedTree` as soon as that tree completes.
+
 Failures. A callable that raises (or returns something that is not a `TurnResult`, or runs past
 `turn_timeout`, or never ends its rollout within `max_turns`) fails only its own rollout: the driver
 reports one more turn, a leaf whose text says what went wrong and whose reward is `failure_reward`
@@ -32,7 +38,8 @@ in `FinishedTree.failures`; trainer adapters leave such leaves out of the batch.
 finish any more (an event of it was rejected, or its bare rollouts cannot all be scored) is closed with
 `POST /v1/trees/{id}/close` as soon as it has no local work left. Nothing waits forever: past
 `step_timeout` the driver cancels the rollouts still running, reports what was already done, closes the
-remaining trees and returns them with `StepResult.timed_out` set.
+remaining trees and returns them with `StepResult.timed_out` set (`run_tree`: the same for its one tree,
+which comes back closed).
 
 Limits. Claims are per job: instructions of trees this driver did not allocate are left to their lease
 (they are offered again after the service's lease time), so run one driver per job and step. When an
@@ -213,8 +220,8 @@ class DriverConfig:
         max_turns: A rollout that has not ended after this many turns (counted from the prompt) fails.
         turn_timeout: Seconds one call of a callable may take before its rollout fails (None: no limit;
             a synchronous callable can only be timed out with `threaded`).
-        step_timeout: Overall deadline of `run_step` in seconds (None: none); past it the remaining
-            trees are closed.
+        step_timeout: Overall deadline of `run_step`, and of each `run_tree` call, in seconds (None:
+            none); past it the remaining trees are closed.
         failure_reward: Reward of the leaf that reports a failed rollout.
         threaded: Run synchronous callables in worker threads (for blocking ones).
         progress: Write a progress line to stderr every `progress_interval` seconds.
@@ -313,6 +320,7 @@ class RolloutDriver:
         self.score = score
         self.config = config or DriverConfig()
         self.on_progress = on_progress
+        self._runs: dict[str, _Run] = {}  # job -> the trees run_tree is running for it
 
     async def run_step(self, request: AllocateRequest) -> StepResult:
         """Allocate, run every tree to completion (or to the deadline) and return the trees.
@@ -323,7 +331,65 @@ class RolloutDriver:
         started = time.monotonic()
         allocation = await self.client.allocate(request)
         prompts = {prompt.prompt_id: prompt for prompt in request.prompts}
-        return await _Step(self, allocation, prompts, started).run()
+        run = _Run(self, allocation.job, allocation.step, started)
+        run.start()
+        try:
+            trees = [run.add(tree, prompts[tree.prompt_id]) for tree in allocation.trees]
+            timed_out = await run.complete(trees, _remaining(self.config.step_timeout, started))
+        except BaseException:
+            await run.stop()
+            raise
+        await _cancel(*run.tasks)  # rollouts of trees that a rejection finished early
+        try:
+            exported = await run.export(trees)
+        finally:
+            progress = await run.stop()
+        return StepResult(
+            allocation=allocation,
+            trees=[
+                FinishedTree(tree.prompt, tree.allocation, exported[tree.tree_id], tree.turns, tree.failures)
+                for tree in trees
+            ],
+            instructions=run.instructions,
+            rejected=run.rejected,
+            timed_out=timed_out,
+            progress=progress,
+        )
+
+    async def run_tree(self, tree: TreeAllocation, prompt: PromptIn, *, job: str, step: int) -> FinishedTree:
+        """Run one allocated tree to completion (or to `step_timeout`, then it is closed) and return it.
+
+        `tree` is one entry of the `AllocateResponse` of `job` and `step` (the caller allocated), `prompt`
+        the pool entry it was allocated for. Concurrent calls for one job share the reporter, the
+        rollout limit and the poller; call them from one event loop. Raises `TraceError` when the tree
+        cannot be fetched (or closed) at the end.
+        """
+        if tree.prompt_id != prompt.prompt_id:
+            raise ValueError(
+                f"tree {tree.tree_id} was allocated for {tree.prompt_id!r}, not for {prompt.prompt_id!r}"
+            )
+        started = time.monotonic()
+        run = self._shared_run(job, step, started)
+        books = run.add(tree, prompt)
+        try:
+            await run.complete([books], _remaining(self.config.step_timeout, started))
+            exported = await run.export([books])
+        finally:
+            run.remove(books)
+            if not run.trees and self._runs.get(job) is run:
+                del self._runs[job]  # before awaiting: a call that comes meanwhile starts a fresh run
+                await run.stop()
+        return FinishedTree(prompt, tree, exported[tree.tree_id], books.turns, books.failures)
+
+    def _shared_run(self, job: str, step: int, started: float) -> _Run:
+        run = self._runs.get(job)
+        if run is None:
+            run = self._runs[job] = _Run(self, job, step, started)
+            run.start()
+        elif run.loop is not asyncio.get_running_loop():
+            raise RuntimeError(f"run_tree for job {job!r} is already running in another event loop")
+        run.step = max(run.step, step)
+        return run
 
 
 @dataclass(eq=False)
@@ -343,6 +409,8 @@ class _Tree:
     check_pause: float = 0.0
     finished: bool = False
     broken: bool = False  # an event of it was rejected, so its books cannot close
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)  # its rollouts
 
     @property
     def tree_id(self) -> str:
@@ -389,7 +457,8 @@ class _Reporter:
         while True:
             await self._arrived.wait()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._full.wait(), self._config.batch_latency)
+                async with asyncio.timeout(self._config.batch_latency):
+                    await self._full.wait()
             batch = self._take_batch()
             if len(self._pending) < self._config.batch_events:
                 self._full.clear()
@@ -436,23 +505,20 @@ class _Reporter:
         await asyncio.sleep(self._config.poll_interval)
 
 
-class _Step:
-    """One `run_step` call: the trees, the running rollouts, the reporter and the counters."""
+class _Run:
+    """The trees of one job in flight under one driver: the running rollouts, the reporter, the poller and
+    the counters. `run_step` makes one per step; `run_tree` calls of a job share one while any is open."""
 
-    def __init__(
-        self,
-        driver: RolloutDriver,
-        allocation: AllocateResponse,
-        prompts: Mapping[str, PromptIn],
-        started: float,
-    ) -> None:
+    def __init__(self, driver: RolloutDriver, job: str, step: int, started: float) -> None:
         self.driver = driver
         self.config = driver.config
         self.client = driver.client
-        self.allocation = allocation
+        self.job = job
+        self.step = step
         self.started = started
+        self.loop = asyncio.get_running_loop()
         self.nonce = uuid.uuid4().hex[:8]  # node ids of this run never collide with another worker's
-        self.trees = {tree.tree_id: _Tree(tree, prompts[tree.prompt_id]) for tree in allocation.trees}
+        self.trees: dict[str, _Tree] = {}
         self.slots = asyncio.Semaphore(self.config.concurrency)
         self.tasks: set[asyncio.Task[None]] = set()
         self.owners: dict[str, asyncio.Task[object]] = {}  # event_id -> the rollout that made it
@@ -460,61 +526,90 @@ class _Step:
         self.rejected: list[RejectedEvent] = []
         self.changed = asyncio.Event()
         self.reporter = _Reporter(self.client, self.config, self._on_answer, self._on_refused)
+        self.background: list[asyncio.Task[None]] = []
         self.last_poll = 0.0
+        self.trees_added = 0
+        self.trees_finished = 0
+        self.bare_rollouts = 0
         self.bare_finished = 0
         self.continuations = 0
         self.continuations_finished = 0
         self.failed = 0
         self.turns_reported = 0
 
-    # --- the step ----------------------------------------------------------------------------------
+    # --- the run -----------------------------------------------------------------------------------
 
-    async def run(self) -> StepResult:
-        reporter = asyncio.create_task(self.reporter.run())
-        progress = asyncio.create_task(self._report_progress())
-        for tree in self.trees.values():
-            for _ in range(tree.allocation.rollouts):
-                self._spawn(tree, History(tree.prompt, tree.tree_id), None, None)
-        timed_out = False
+    def start(self) -> None:
+        self.background = [
+            asyncio.create_task(self.reporter.run()),
+            asyncio.create_task(self._supervise()),
+            asyncio.create_task(self._report_progress()),
+        ]
+
+    def add(self, allocation: TreeAllocation, prompt: PromptIn) -> _Tree:
+        """Take on a tree and start its bare rollouts."""
+        if allocation.tree_id in self.trees:
+            raise ValueError(f"tree {allocation.tree_id} is already running")
+        tree = _Tree(allocation, prompt)
+        self.trees[tree.tree_id] = tree
+        self.trees_added += 1
+        self.bare_rollouts += allocation.rollouts
+        for _ in range(allocation.rollouts):
+            self._spawn(tree, History(prompt, tree.tree_id), None, None)
+        return tree
+
+    async def complete(self, trees: Sequence[_Tree], seconds_left: float | None) -> bool:
+        """Until every one of `trees` is finished; True when the deadline came first (their rollouts are
+        then stopped and what they had done is reported, as far as the service takes it in time)."""
         try:
-            try:
-                async with asyncio.timeout(self._deadline()):
-                    await self._until_finished()
-            except TimeoutError:
-                timed_out = True
-            await self._stop_rollouts()
-            if timed_out:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(_FINAL_REPORT_SECONDS):
-                        await self.reporter.drain()
-        finally:
-            await _cancel(reporter, progress)
-            await self._stop_rollouts()
-        exported = await self._collect()
-        snapshot = self._progress()
-        self._publish(snapshot, final=True)
-        return StepResult(
-            allocation=self.allocation,
-            trees=[
-                FinishedTree(tree.prompt, tree.allocation, exported[tree.tree_id], tree.turns, tree.failures)
-                for tree in self.trees.values()
-            ],
-            instructions=self.instructions,
-            rejected=self.rejected,
-            timed_out=timed_out,
-            progress=snapshot,
-        )
-
-    def _deadline(self) -> float | None:
-        if self.config.step_timeout is None:
-            return None
-        return max(0.0, self.config.step_timeout - (time.monotonic() - self.started))
-
-    async def _until_finished(self) -> None:
-        while not all(tree.finished for tree in self.trees.values()):
-            self.changed.clear()
+            async with asyncio.timeout(seconds_left):
+                for tree in trees:
+                    await tree.done.wait()
+            return False
+        except TimeoutError:
+            await _cancel(*(task for tree in trees for task in tree.tasks))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), self.config.poll_interval)
+                async with asyncio.timeout(_FINAL_REPORT_SECONDS):
+                    await self.reporter.drain()
+            return True
+
+    async def export(self, trees: Sequence[_Tree]) -> dict[str, TreeResponse]:
+        """Each tree as the service exports it; open ones (past the deadline) are closed first."""
+        gate = asyncio.Semaphore(_FETCH_CONCURRENCY)
+
+        async def export(tree: _Tree) -> TreeResponse:
+            async with gate:
+                if tree.finished:
+                    return await self.client.get_tree(tree.tree_id)
+                self._finish(tree)
+                return await self.client.close_tree(tree.tree_id)
+
+        exported = await asyncio.gather(*(export(tree) for tree in trees))
+        return {tree.tree_id: response for tree, response in zip(trees, exported, strict=True)}
+
+    def remove(self, tree: _Tree) -> None:
+        """Forget a tree that was exported; rollouts of it still running are cancelled."""
+        self._finish(tree)
+        for task in tree.tasks:
+            task.cancel()
+        self.trees.pop(tree.tree_id, None)
+
+    async def stop(self) -> Progress:
+        """Cancel the background tasks and any rollout still running; publish the final progress."""
+        await _cancel(*self.background, *self.tasks)
+        final = self.snapshot()
+        self._publish(final, final=True)
+        return final
+
+    async def _supervise(self) -> None:
+        """Poll the service for trees that wait on it, at most every `poll_interval`."""
+        while True:
+            self.changed.clear()
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation that comes
+            # as the event is set, and the run could then never be stopped
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.poll_interval):
+                    await self.changed.wait()
             waiting = [tree for tree in self.trees.values() if tree.waiting]
             if waiting and time.monotonic() - self.last_poll >= self.config.poll_interval:
                 self.last_poll = time.monotonic()
@@ -529,7 +624,7 @@ class _Step:
             logger.warning("polling the service failed, trying again: %s", error)
 
     async def _poll_service(self, waiting: list[_Tree]) -> None:
-        claimed = await self.client.claim_instructions(self.allocation.job, MAX_CLAIM)
+        claimed = await self.client.claim_instructions(self.job, MAX_CLAIM)
         for instruction in claimed.instructions:
             self._start_instruction(instruction)
         for tree in waiting:
@@ -558,37 +653,20 @@ class _Step:
         self._finish(tree)
 
     def _finish(self, tree: _Tree) -> None:
-        tree.finished = True
+        if not tree.finished:
+            tree.finished = True
+            self.trees_finished += 1
+        tree.done.set()
         self.changed.set()
-
-    async def _stop_rollouts(self) -> None:
-        tasks = list(self.tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _collect(self) -> dict[str, TreeResponse]:
-        """Every tree as the service exports it; open trees (after the deadline) are closed first."""
-        gate = asyncio.Semaphore(_FETCH_CONCURRENCY)
-
-        async def export(tree: _Tree) -> TreeResponse:
-            async with gate:
-                if tree.finished:
-                    return await self.client.get_tree(tree.tree_id)
-                tree.finished = True
-                return await self.client.close_tree(tree.tree_id)
-
-        trees = list(self.trees.values())
-        exported = await asyncio.gather(*(export(tree) for tree in trees))
-        return {tree.tree_id: response for tree, response in zip(trees, exported, strict=True)}
 
     # --- rollouts ----------------------------------------------------------------------------------
 
     def _spawn(self, tree: _Tree, start: History, parent_id: str | None, instruction_id: str | None) -> None:
         tree.running += 1
         task = asyncio.create_task(self._rollout(tree, start, parent_id, instruction_id))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        for tasks in (self.tasks, tree.tasks):
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
 
     async def _rollout(
         self, tree: _Tree, start: History, parent_id: str | None, instruction_id: str | None
@@ -645,7 +723,8 @@ class _Step:
 
         if self.config.turn_timeout is None:
             return await call()
-        return await asyncio.wait_for(call(), self.config.turn_timeout)
+        async with asyncio.timeout(self.config.turn_timeout):
+            return await call()
 
     async def _score(self, history: History) -> float:
         if self.driver.score is None:
@@ -782,12 +861,12 @@ class _Step:
 
     # --- progress ----------------------------------------------------------------------------------
 
-    def _progress(self) -> Progress:
+    def snapshot(self) -> Progress:
         return Progress(
-            step=self.allocation.step,
-            trees=len(self.trees),
-            trees_finished=sum(tree.finished for tree in self.trees.values()),
-            bare_rollouts=sum(tree.allocation.rollouts for tree in self.trees.values()),
+            step=self.step,
+            trees=self.trees_added,
+            trees_finished=self.trees_finished,
+            bare_rollouts=self.bare_rollouts,
             bare_finished=self.bare_finished,
             continuations=self.continuations,
             continuations_finished=self.continuations_finished,
@@ -799,7 +878,7 @@ class _Step:
     async def _report_progress(self) -> None:
         while True:
             await asyncio.sleep(self.config.progress_interval)
-            self._publish(self._progress(), final=False)
+            self._publish(self.snapshot(), final=False)
 
     def _publish(self, progress: Progress, *, final: bool) -> None:
         if self.driver.on_progress is not None:
@@ -807,6 +886,11 @@ class _Step:
         if self.config.progress:
             sys.stderr.write(f"\r{progress.line()}" + ("\n" if final else ""))
             sys.stderr.flush()
+
+
+def _remaining(timeout: float | None, started: float) -> float | None:
+    """What is left of a deadline of `timeout` seconds counted from `started`."""
+    return None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
 
 
 async def _cancel(*tasks: asyncio.Task[None]) -> None:
