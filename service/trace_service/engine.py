@@ -69,9 +69,9 @@ IntArray = npt.NDArray[np.int64]
 Placement = tuple[IntArray, list[str], dict[str, float], int, int]
 
 #: Stage 1 of each policy: TRACE's solver, or a baseline's rule.
-_TRACE_ROOTS = {Policy.TRACE, Policy.TRACE_ROOT}
+_TRACE_ROOTS = {Policy.TRACE, Policy.TRACE_ROOT, Policy.TRACE_PAPER}
 #: Stage 2 of each policy: TRACE's greedy, random prefixes (TreePO), or an even spread (uniform family).
-_TRACE_PREFIXES = {Policy.TRACE, Policy.TRACE_PREFIX}
+_TRACE_PREFIXES = {Policy.TRACE, Policy.TRACE_PREFIX, Policy.TRACE_PAPER}
 _RANDOM_PREFIXES = {Policy.TREEPO, Policy.TRACE_ROOT}
 #: Trees whose follow-ups (decisions, completions) run concurrently, over all requests of this process.
 _CONCURRENT_TREES = 32
@@ -234,7 +234,17 @@ class Engine:
         policy, budget, n = request.policy, request.budget, len(request.prompts)
         lo, hi, cap = request.min_rollouts, request.max_rollouts, request.max_prompts
         if policy in _TRACE_ROOTS:
-            return allocate_roots(v, budget, min_rollouts=lo, max_rollouts=hi, max_prompts=cap).counts
+            # The joint objective counts the contrast Stage 2 will add; the paper's values bare rollouts only.
+            freshness = 0.0 if policy is Policy.TRACE_PAPER else self.predictor.freshness
+            return allocate_roots(
+                v,
+                budget,
+                min_rollouts=lo,
+                max_rollouts=hi,
+                max_prompts=cap,
+                expansion=request.expansion,
+                freshness=freshness,
+            ).counts
         if policy is Policy.KNAPSACK:
             solver = allocate_roots_exact if n * budget * hi <= _KNAPSACK_DP_CELLS else allocate_roots
             weight = knapsack_weight(v)

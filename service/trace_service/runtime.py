@@ -154,6 +154,11 @@ class PredictorRuntime:
             examples.append(TrainingExample(root, targets.root_value, float(targets.root_visits), outcomes))
         return examples
 
+    @property
+    def freshness(self) -> float:
+        """ρ of Stage 1's joint objective, learned with the weights (``SuccessPredictor.freshness``)."""
+        return self.predictor.freshness
+
     async def refresh(self, *, train: bool = True) -> None:
         """One round of background work: train if this replica is the trainer, else load new weights."""
         async with self._train_lock:
@@ -171,11 +176,13 @@ class PredictorRuntime:
                 continue
             try:
                 examples = self.examples(tree)
+                flips = tree.continuation_flips(self.success_threshold)
             except ValueError as error:  # a malformed tree must not stop training on the others
                 logger.warning("skipping tree %s for training: %s", tree_id, error)
                 continue
             if examples:
                 self.predictor.add_examples(examples)
+                self.predictor.observe_continuations(*flips)
                 added += len(examples)
         if added:
             self.metrics.predictor_examples.inc(added)
@@ -220,6 +227,7 @@ class PredictorRuntime:
             spearman=report.spearman,
             spearman_by_depth={d: v for d, v in report.spearman_by_depth.items() if v is not None},
             device=str(self.predictor.device),
+            continuation_freshness=self.predictor.freshness,
         )
 
 

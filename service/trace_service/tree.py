@@ -125,3 +125,79 @@ def prefix_candidates(targets: TreeTargets) -> PrefixCandidates:
     outcome = (2 * successes > visits).astype(np.float64)
     blocked = (successes > 0) & (successes < visits)
     return PrefixCandidates(nodes, outcome, blocked)
+
+
+def continuation_flips(
+    parent: npt.ArrayLike,
+    reward: npt.ArrayLike,
+    bare: npt.ArrayLike,
+    predicted_root: float,
+    *,
+    success_threshold: float = 0.5,
+) -> tuple[int, float]:
+    """How often one tree's continuations flipped the outcome they branched from, and how often fresh
+    rollouts from the root would have: ``(flips, fresh_flips)``.
+
+    Each scored leaf of a continuation (``bare[i]`` false) is compared with the observed outcome r below
+    the bare node it branched from (the majority of that node's bare leaves; a node whose bare leaves
+    already disagree is left out, as Stage 2 leaves it out).  With v the root's predicted success,
+
+        flips = Σ [leaf outcome ≠ r],    fresh_flips = Σ [r·(1 − v) + (1 − r)·v],
+
+    so ``flips / fresh_flips`` over many trees estimates the freshness ρ of Stage 1's joint objective
+    (:func:`~trace_service.allocation.stage1.repeat_odds`).
+    """
+    parents = np.asarray(parent, dtype=np.int64)
+    rewards = np.asarray(reward, dtype=np.float64)
+    is_bare = np.asarray(bare, dtype=bool)
+    if is_bare.shape != parents.shape:
+        raise ValueError("bare must have one flag per node")
+    if not 0.0 <= predicted_root <= 1.0:
+        raise ValueError(f"predicted_root must lie in [0, 1], got {predicted_root}")
+    bare_targets = tree_targets(
+        parents, np.where(is_bare, rewards, np.nan), success_threshold=success_threshold
+    )
+    # The bare node each continuation node hangs from (parents come first: one forward pass).
+    anchor = np.full(parents.size, ROOT, dtype=np.int64)
+    for i in range(parents.size):
+        if is_bare[i]:
+            anchor[i] = i
+        elif parents[i] >= 0:
+            anchor[i] = anchor[parents[i]]
+    leaves = np.flatnonzero(~is_bare & ~np.isnan(rewards) & (anchor >= 0))
+    sources = anchor[leaves]
+    visits, successes = bare_targets.visits[sources], bare_targets.successes[sources]
+    agreed = (visits > 0) & ((successes == 0) | (successes == visits))
+    leaves, sources = leaves[agreed], sources[agreed]
+    observed = bare_targets.successes[sources] > 0
+    outcome = rewards[leaves] >= success_threshold
+    fresh = np.where(observed, 1.0 - predicted_root, predicted_root)
+    return int(np.count_nonzero(outcome != observed)), float(fresh.sum())
+
+
+@dataclass(frozen=True)
+class FreshnessEstimate:
+    """A running estimate of the freshness ρ: continuations' flips over the flips fresh rollouts would
+    have made (:func:`continuation_flips`), shrunk towards ``prior`` by ``prior_weight`` fresh flips
+    and clipped to [0, 1].  ``decay`` < 1 forgets old trees, so the estimate follows a changing
+    policy."""
+
+    flips: float = 0.0
+    fresh_flips: float = 0.0
+    prior: float = 0.5
+    prior_weight: float = 8.0
+    decay: float = 0.999
+
+    @property
+    def value(self) -> float:
+        ratio = (self.flips + self.prior * self.prior_weight) / (self.fresh_flips + self.prior_weight)
+        return min(max(ratio, 0.0), 1.0)
+
+    def add(self, flips: float, fresh_flips: float) -> FreshnessEstimate:
+        return FreshnessEstimate(
+            self.flips * self.decay + flips,
+            self.fresh_flips * self.decay + fresh_flips,
+            self.prior,
+            self.prior_weight,
+            self.decay,
+        )

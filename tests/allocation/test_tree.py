@@ -7,7 +7,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trace_service.tree import advantages, prefix_candidates, tree_targets
+from trace_service.tree import (
+    FreshnessEstimate,
+    advantages,
+    continuation_flips,
+    prefix_candidates,
+    tree_targets,
+)
+
+nan = float("nan")
 
 
 @st.composite
@@ -113,3 +121,31 @@ def test_prefix_candidates_use_the_majority_outcome_and_block_mixed_subtrees() -
 def test_malformed_trees_raise(parent: list[int], reward: list[float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         tree_targets(parent, reward)
+
+
+def test_continuation_flips_against_the_outcome_they_branched_from() -> None:
+    # Two bare rollouts (nodes 0-1 and 2-3), both failed.  A two-turn continuation from node 0 (nodes
+    # 4-6) succeeds: a flip.  A one-turn continuation from node 2 (node 5) fails again.
+    parent = [-1, 0, -1, 2, 0, 2, 4]
+    reward = [nan, 0.0, nan, 0.0, nan, 0.0, 1.0]
+    bare = [True, True, True, True, False, False, False]
+    flips, fresh = continuation_flips(parent, reward, bare, predicted_root=0.2)
+    assert flips == 1
+    assert fresh == pytest.approx(2 * 0.2)
+
+
+def test_continuation_flips_leave_out_sources_that_already_disagree() -> None:
+    # Node 0 is shared by a success and a failure: Stage 2 would not branch there.
+    parent = [-1, 0, 0, 0]
+    reward = [nan, 1.0, 0.0, 1.0]
+    bare = [True, True, True, False]
+    assert continuation_flips(parent, reward, bare, predicted_root=0.5) == (0, 0.0)
+
+
+def test_freshness_estimate_moves_from_its_prior_to_the_data() -> None:
+    estimate = FreshnessEstimate()
+    assert estimate.value == 0.5
+    for _ in range(200):
+        estimate = estimate.add(flips=3, fresh_flips=10.0)
+    assert estimate.value == pytest.approx(0.3, abs=0.01)
+    assert FreshnessEstimate().add(flips=50, fresh_flips=10.0).value == 1.0

@@ -144,3 +144,26 @@ def test_replica_adopts_only_newer_versions(synthetic_task: SyntheticTask) -> No
     assert replica.version == 3
     assert not replica.update_from_bytes(older.to_bytes())
     assert replica.version == 3
+
+
+def test_continuation_freshness_travels_with_the_weights(synthetic_task: SyntheticTask) -> None:
+    predictor, _ = trained_predictor(synthetic_task)
+    assert predictor.freshness == 0.5  # the prior, before any continuation was seen
+    for _ in range(50):
+        predictor.observe_continuations(flips=2, fresh_flips=10.0)
+    assert predictor.freshness == pytest.approx(0.2, abs=0.02)
+    restored = SuccessPredictor.from_bytes(predictor.to_bytes())
+    assert restored.freshness == predictor.freshness
+    follower = SuccessPredictor(tiny_config(holdout_every=0))
+    assert follower.update_from_bytes(predictor.to_bytes())
+    assert follower.freshness == predictor.freshness
+
+
+def test_checkpoint_with_malformed_continuation_counts_is_refused(synthetic_task: SyntheticTask) -> None:
+    predictor, _ = trained_predictor(synthetic_task)
+    header, state = decode_checkpoint(predictor.to_bytes())
+    for bad in ([1.0], [-1.0, 2.0], ["x", 1.0], [float("nan"), 1.0]):
+        with pytest.raises(CheckpointError, match="continuation counts"):
+            SuccessPredictor.from_bytes(encode_checkpoint({**header, "freshness": bad}, state))
+    del header["freshness"]  # written before continuations were counted: the prior
+    assert SuccessPredictor.from_bytes(encode_checkpoint(header, state)).freshness == 0.5

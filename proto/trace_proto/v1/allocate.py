@@ -35,10 +35,14 @@ class Policy(StrEnum):
     Each rule has a Stage 1 (bare rollouts per prompt) and a Stage 2 (where the continuation budget
     `m_i·N` branches). "Uniform" Stage 1 gives every kept prompt the same count; "uniform" Stage 2
     spreads continuations evenly over the candidate prefixes; "random" Stage 2 places them at
-    randomly chosen prefixes. See `method.md` for the baselines.
+    randomly chosen prefixes. `docs/allocation.md` describes each rule.
 
-    - `trace`: TRACE Stage 1 (maximise expected mixed groups from the predictor) and TRACE Stage 2
-      (branch where a continuation most likely flips the observed outcome).
+    - `trace`: TRACE Stage 1 (maximise the expected number of mixed trees from the predictor,
+      counting the contrast the prompt's Stage 2 continuations will add, at the freshness learned
+      from earlier trees) and TRACE Stage 2 (branch where a continuation most likely flips the
+      observed outcome).
+    - `trace_paper`: the paper's TRACE: Stage 1 maximises the expected mixed groups of the bare
+      rollouts alone; TRACE Stage 2.
     - `uniform`: uniform Stage 1 and uniform Stage 2 (the paper's uniform/uniform ablation; with
       `expansion = 0` it is plain GRPO).
     - `dapo`: DAPO-style dynamic sampling: uniform Stage 1, groups whose rewards all agree are
@@ -63,6 +67,7 @@ class Policy(StrEnum):
     TREEPO = "treepo"
     TRACE_ROOT = "trace_root"
     TRACE_PREFIX = "trace_prefix"
+    TRACE_PAPER = "trace_paper"
 
 
 class PromptIn(RequestModel):

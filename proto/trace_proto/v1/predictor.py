@@ -36,6 +36,14 @@ class PredictorInfo(ResponseModel):
         description="The same by prefix depth (0 = prompt); depths without enough data are absent.",
     )
     device: str = Field(description="Where inference runs, e.g. 'cpu' or 'cuda:0'.")
+    continuation_freshness: Probability = Field(
+        default=0.5,
+        description=(
+            "How often a Stage 2 continuation flips the outcome it branched from, relative to a fresh "
+            "rollout (1 = as often, 0 = never), learned from finished trees; the `trace` policy's "
+            "Stage 1 counts the contrast continuations will add at this rate."
+        ),
+    )
 
 
 class TurnIn(RequestModel):

@@ -69,6 +69,7 @@ from trace_service.predictor.model import (
     prior_means,
     resolve_device,
 )
+from trace_service.tree import FreshnessEstimate
 
 _Item = TypeVar("_Item")
 
@@ -270,6 +271,17 @@ class _RunningMoments:
         return moments
 
 
+def _freshness_from_json(value: Any) -> FreshnessEstimate:
+    """A checkpoint's continuation counts (absent from older checkpoints: no continuations yet)."""
+    if not (
+        isinstance(value, list)
+        and len(value) == 2
+        and all(isinstance(x, int | float) and math.isfinite(x) and x >= 0 for x in value)
+    ):
+        raise CheckpointError(f"checkpoint has malformed continuation counts {value!r}")
+    return FreshnessEstimate(float(value[0]), float(value[1]))
+
+
 class SuccessPredictor:
     """Estimates Ṽ(H), the probability that a rollout continued from history H succeeds.
 
@@ -296,6 +308,7 @@ class SuccessPredictor:
         self._average_model = self._frozen_copy(self._trainer_model)
         self._optimizer = self._new_optimizer()
         self._published = _Published(version=0, model=None)
+        self._freshness = FreshnessEstimate()
 
     @property
     def version(self) -> int:
@@ -306,6 +319,17 @@ class SuccessPredictor:
     def examples_seen(self) -> int:
         """Training examples accepted so far (held-out ones not counted)."""
         return self._examples_seen
+
+    @property
+    def freshness(self) -> float:
+        """How much a Stage 2 continuation behaves like a fresh rollout (ρ of Stage 1's joint objective),
+        estimated from the continuations of the trees trained on (:func:`continuation_flips`)."""
+        return self._freshness.value
+
+    def observe_continuations(self, flips: float, fresh_flips: float) -> None:
+        """Count one tree's continuation flips (:func:`~trace_service.tree.continuation_flips`)."""
+        with self._data_lock:
+            self._freshness = self._freshness.add(flips, fresh_flips)
 
     # -- inference -------------------------------------------------------------------------------
 
@@ -453,6 +477,7 @@ class SuccessPredictor:
                     "architecture": self.config.architecture(),
                     "token_hashing": TOKEN_HASHING,
                     "moments": self._moments.to_json(),
+                    "freshness": [self._freshness.flips, self._freshness.fresh_flips],
                 }
             return encode_checkpoint(header, model.state_dict())
 
@@ -514,6 +539,7 @@ class SuccessPredictor:
         if not (isinstance(version, int) and version >= 0 and isinstance(seen, int) and seen >= 0):
             raise CheckpointError(f"checkpoint has a malformed version {version!r} or count {seen!r}")
         moments = _RunningMoments.from_json(header.get("moments"), self._dense_width)
+        freshness = _freshness_from_json(header.get("freshness", [0.0, 0.0]))
         model = self._new_model()
         try:
             model.load_state_dict(state)
@@ -528,6 +554,7 @@ class SuccessPredictor:
             with self._data_lock:
                 self._moments = moments
                 self._examples_seen = seen
+                self._freshness = freshness
             self._published = _Published(version, self._frozen_copy(model) if version > 0 else None)
             return True
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from trace_service.tree import ROOT, TreeTargets, tree_targets
+from trace_service.tree import ROOT, TreeTargets, continuation_flips, tree_targets
 
 
 @dataclass(frozen=True)
@@ -232,10 +232,23 @@ class StoredTree:
         index = {node.node_id: i for i, node in enumerate(self.nodes)}
         return [index[node.parent_id] if node.parent_id else ROOT for node in self.nodes]
 
+    def rewards(self) -> list[float]:
+        """Each node's reward, NaN where it is not a scored leaf (``trace_service.tree``'s layout)."""
+        return [node.reward if node.done and node.reward is not None else math.nan for node in self.nodes]
+
     def targets(self, success_threshold: float) -> TreeTargets:
         """Visits, successes and recursive values V̂ of every node (``trace_service.tree``)."""
-        rewards = [node.reward if node.done and node.reward is not None else math.nan for node in self.nodes]
-        return tree_targets(self.parent_indices(), rewards, success_threshold=success_threshold)
+        return tree_targets(self.parent_indices(), self.rewards(), success_threshold=success_threshold)
+
+    def continuation_flips(self, success_threshold: float) -> tuple[int, float]:
+        """The continuations' flips against fresh rollouts' (``trace_service.tree.continuation_flips``)."""
+        return continuation_flips(
+            self.parent_indices(),
+            self.rewards(),
+            [not node.origin for node in self.nodes],
+            self.meta.predicted_success,
+            success_threshold=success_threshold,
+        )
 
 
 @dataclass(frozen=True)
