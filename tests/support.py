@@ -111,6 +111,7 @@ def make_settings(store_url: str = "", **overrides: object) -> Settings:
     """Settings for a test: its own key prefix (tests share redis-servers), fast background loops."""
     values: dict[str, object] = {
         "store_url": store_url,
+        "data_dir": "",  # the embedded store in memory: tests that need it durable give a directory
         "store_prefix": f"test-{uuid.uuid4().hex[:12]}",
         "train_interval_seconds": 0.2,
         "sweep_interval_seconds": 0.2,

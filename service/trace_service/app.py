@@ -32,6 +32,7 @@ from trace_service.routers import allocate, expand, health, predictor, trees
 from trace_service.runtime import PredictorRuntime, build_predictor
 from trace_service.settings import Settings
 from trace_service.store import TreeStore, connect
+from trace_service.store.embedded import embedded_redis
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +70,10 @@ def create_app(settings: Settings | None = None, *, store: TreeStore | None = No
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        embedded = None if store or settings.store_url else embedded_redis(settings.data_dir)
+        store_url = await embedded.start() if embedded else settings.store_url
         tree_store = store or TreeStore(
-            connect(settings.store_url, cluster=settings.store_cluster),
+            connect(store_url, cluster=settings.store_cluster),
             prefix=settings.store_prefix,
             tree_ttl=settings.tree_ttl_seconds,
             job_ttl=settings.job_ttl_seconds,
@@ -131,6 +134,8 @@ def create_app(settings: Settings | None = None, *, store: TreeStore | None = No
             await asyncio.gather(*tasks, return_exceptions=True)
             if store is None:
                 await tree_store.aclose()
+            if embedded is not None:
+                await embedded.stop()
             if metrics_server is not None:
                 metrics_server.shutdown()
                 metrics_server.server_close()

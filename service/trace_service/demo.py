@@ -415,7 +415,9 @@ def _service(config: DemoConfig) -> Iterator[str]:
     from trace_service.settings import Settings
 
     # Fast background training so that each step's trees reach the predictor before the next one.
-    settings = Settings(store_url="", train_interval_seconds=0.5, torch_threads=1, log_level="WARNING")
+    settings = Settings(
+        store_url="", data_dir="", train_interval_seconds=0.5, torch_threads=1, log_level="WARNING"
+    )  # a fresh store per run: a comparison must not start from the last run's predictor
     with LocalService(create_app(settings)) as service:
         yield service.url
 

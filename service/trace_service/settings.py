@@ -21,6 +21,12 @@ class Settings(BaseSettings):
     # Store
     store_url: str = Field(default="", description="redis://… or rediss://…; empty: the embedded store.")
     store_cluster: bool = Field(default=False, description="The store URL names a Redis Cluster node.")
+    data_dir: str = Field(
+        default="trace-data",
+        description="Without a store URL: where the embedded store (a redis-server of the service's own) "
+        "keeps its append-only file, so that trees, stats and the predictor survive a restart; empty: "
+        "in memory only, lost on restart.",
+    )
     store_prefix: str = "trace"
     tree_ttl_seconds: int = Field(
         default=7 * 24 * 3600, ge=60, description="Trees expire this long after their last update."

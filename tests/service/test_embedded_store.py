@@ -1,0 +1,155 @@
+"""Issue 13, item 8: the embedded default keeps what it answered across a restart, a kill -9 of the
+service and a kill -9 of its redis-server."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from support import free_port
+
+pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
+
+
+class ServiceProcess:
+    """``uvicorn trace_service.app:create_app`` on the embedded store in ``data_dir``."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        env = {
+            **os.environ,
+            "TRACE_STORE_URL": "",
+            "TRACE_DATA_DIR": str(self.data_dir),
+            "TRACE_TRAIN_INTERVAL_SECONDS": "0.2",
+            "TRACE_SWEEP_INTERVAL_SECONDS": "0.2",
+            "TRACE_TORCH_THREADS": "1",
+        }
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "trace_service.app:create_app", "--factory",
+             "--port", str(self.port), "--log-level", "warning"],
+            env=env,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/readyz").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError("the service did not become ready")
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=30)
+
+
+def store_client(data_dir: Path) -> redis.Redis:
+    return redis.Redis(unix_socket_path=str(data_dir / "redis.sock"))
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Iterator[Path]:
+    # A short path: the store's Unix socket lives in it.
+    directory = Path(f"/tmp/trace-{os.getpid()}-{time.monotonic_ns()}")
+    yield directory
+    # A server that a killed service left behind.
+    with store_client(directory) as client, contextlib.suppress(redis.ConnectionError, redis.ResponseError):
+        client.shutdown(nosave=True)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def finished_step(client: httpx.Client) -> str:
+    """Allocate a pool without continuations and score every rollout (three turns each): the trees
+    complete and the predictor trains on them.  Returns one tree's id."""
+    prompts = [{"prompt_id": f"p{i}", "text": f"task {i % 3}"} for i in range(24)]
+    allocation = client.post(
+        "/v1/allocate",
+        json={"step": 0, "budget": 96, "min_rollouts": 4, "expansion": 0.0, "prompts": prompts},
+    ).json()
+    events = []
+    for tree in allocation["trees"]:
+        for j in range(tree["rollouts"]):
+            for depth in range(3):
+                node = {
+                    "event_id": f"{tree['tree_id']}-{j}-{depth}",
+                    "tree_id": tree["tree_id"],
+                    "node_id": f"n{j}-{depth}",
+                    "parent_id": f"n{j}-{depth - 1}" if depth else None,
+                }
+                if depth == 2:
+                    node |= {"done": True, "reward": float(j % 2)}
+                events.append(node)  # fmt: skip
+    answer = client.post("/v1/expand", json={"events": events}).json()
+    assert answer["accepted"] == len(events)
+    assert len(answer["completed"]) == len(allocation["trees"])
+    return str(allocation["trees"][0]["tree_id"])
+
+
+def wait_for_published_predictor(client: httpx.Client, data_dir: Path) -> int:
+    """The version the service serves once it is trained and its weights are in the store (training
+    that a kill interrupts before publishing is lost, like any unanswered work)."""
+    deadline = time.monotonic() + 60
+    with store_client(data_dir) as store:
+        while time.monotonic() < deadline:
+            version = int(client.get("/v1/predictor").json()["version"])
+            if version > 0 and int(store.hget("trace:{predictor}:weights", "version") or 0) >= version:
+                return version
+            time.sleep(0.2)
+    raise TimeoutError("the predictor never trained")
+
+
+@pytest.mark.parametrize("crash", ["clean restart", "kill -9 of the service", "kill -9 of both"])
+def test_the_embedded_store_survives(data_dir: Path, crash: str) -> None:
+    service = ServiceProcess(data_dir)
+    service.start()
+    try:
+        with httpx.Client(base_url=service.url, timeout=30) as client:
+            tree_id = finished_step(client)
+            version = wait_for_published_predictor(client, data_dir)
+            before = client.get(f"/v1/trees/{tree_id}").json()
+            stats = client.get("/v1/jobs/default/stats").json()
+            # The last answered write, just before the crash: it must survive too.
+            last = client.post(
+                "/v1/allocate", json={"step": 1, "budget": 2, "prompts": [{"prompt_id": "late"}]}
+            ).json()
+        if crash == "clean restart":
+            service.stop()
+        else:
+            service.kill()
+            if crash == "kill -9 of both":
+                pid = int(store_client(data_dir).info("server")["process_id"])
+                os.kill(pid, signal.SIGKILL)
+                time.sleep(0.2)
+        service.start()
+        with httpx.Client(base_url=service.url, timeout=30) as client:
+            assert client.get(f"/v1/trees/{tree_id}").json() == before
+            assert client.get("/v1/jobs/default/stats").json()["steps"][0] == stats["steps"][0]
+            assert client.get(f"/v1/trees/{last['trees'][0]['tree_id']}").status_code == 200
+            assert int(client.get("/v1/predictor").json()["version"]) >= version
+    finally:
+        service.stop()
