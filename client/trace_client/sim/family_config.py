@@ -79,6 +79,7 @@ class MathConfig:
     prompt_words: tuple[int, int] = (8, 30)
     prompt_signal_rate: float = 0.15
     level_noise: float = 2.0
+    text_bias: float = 4.0
     step_words: tuple[int, int] = (3, 10)
     verdict_rate: float = 0.3
     verdict_flip: float = 0.35
@@ -97,6 +98,7 @@ class MathConfig:
         _check_probability("verdict_rate", self.verdict_rate)
         _require(0.0 <= self.verdict_flip <= 0.5, "verdict_flip must lie in [0, 0.5]")
         _require(self.level_noise >= 0, "level_noise must be non-negative")
+        _require(self.text_bias >= 0, "text_bias must be non-negative")
         _check_range("prompt_words", self.prompt_words, 1)
         _check_range("step_words", self.step_words, 0)
 
@@ -145,11 +147,12 @@ class MultihopConfig:
     feature_dim: int = 0
     feature_signal: float = 0.5
     vocabulary_seed: int = 0
-    # Text: prompts hold graded obscurity words (strong signal); a found document names the bridge
+    # Text: prompts hold graded prominence words (strong signal); a found document names the bridge
     # entity and holds relevance words, each flipped with `document_flip`.
     prompt_words: tuple[int, int] = (6, 24)
     prompt_signal_rate: float = 0.3
     level_noise: float = 1.0
+    text_bias: float = 0.7
     document_words: tuple[int, int] = (6, 18)
     relevance_rate: float = 0.4
     document_flip: float = 0.1
@@ -173,6 +176,7 @@ class MultihopConfig:
         _check_probability("relevance_rate", self.relevance_rate)
         _require(0.0 <= self.document_flip <= 0.5, "document_flip must lie in [0, 0.5]")
         _require(self.level_noise >= 0, "level_noise must be non-negative")
+        _require(self.text_bias >= 0, "text_bias must be non-negative")
         _check_range("prompt_words", self.prompt_words, 1)
         _check_range("document_words", self.document_words, 0)
 
@@ -220,6 +224,7 @@ class ToolcallConfig:
     prompt_words: tuple[int, int] = (6, 20)
     prompt_signal_rate: float = 0.1
     level_noise: float = 3.0
+    text_bias: float = 3.0
     message_words: tuple[int, int] = (2, 8)
     retryable_flip: float = 0.2
 
@@ -238,5 +243,6 @@ class ToolcallConfig:
         _check_probability("prompt_signal_rate", self.prompt_signal_rate)
         _require(0.0 <= self.retryable_flip <= 0.5, "retryable_flip must lie in [0, 0.5]")
         _require(self.level_noise >= 0, "level_noise must be non-negative")
+        _require(self.text_bias >= 0, "text_bias must be non-negative")
         _check_range("prompt_words", self.prompt_words, 1)
         _check_range("message_words", self.message_words, 0)

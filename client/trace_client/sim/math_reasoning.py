@@ -129,6 +129,9 @@ class MathWorkload(TabularWorkload):
     def _prompt_texts(self, rng: np.random.Generator) -> list[str]:
         config = self.config
         count = config.prompts
+        # How easy the prompt reads: z plus a per-prompt offset its graded words share (text can
+        # mislead consistently), each word blurred again by level_noise.
+        apparent = self.difficulty + config.text_bias * rng.standard_normal(count)
         lexicon = self.lexicon
         topic_words = lexicon.of("topic", 3 * self.visible_topic + rng.integers(0, 3, count))
         lengths = uniform_lengths(config.prompt_words, count, rng)
@@ -137,7 +140,7 @@ class MathWorkload(TabularWorkload):
             np.full(count, config.prompt_signal_rate),
             lambda owners: lexicon.graded(
                 "difficulty",
-                self.difficulty[owners],
+                apparent[owners],
                 _DIFFICULTY_LEVELS,
                 config.level_noise,
                 _LEVEL_SPAN,
@@ -146,7 +149,7 @@ class MathWorkload(TabularWorkload):
             rng,
         )
         # Harder tasks tend to longer equations: terms = clip(round(3 − (z + 1.5·ε) / 2.5), 1, 6).
-        noisy = self.difficulty + 1.5 * rng.standard_normal(count)
+        noisy = apparent + 1.5 * rng.standard_normal(count)
         terms = np.clip(np.rint(3 - noisy / 2.5), 1, 6).astype(np.int64).tolist()
         coefficients = rng.integers(2, 20, (count, 7)).tolist()
         return [

@@ -7,7 +7,7 @@ visible kind × f); the right search style depends on the true kind and the hop,
 (u + f) mod search_styles.
 
 Text: "question: <relation> of … of <Entity>? <words>" (one relation per hop, from the visible kind's
-relations; graded obscurity words), turns "search <style> <Entity> <relation>" then "doc <Title>:
+relations; graded prominence words), turns "search <style> <Entity> <relation>" then "doc <Title>:
 <snippet>" (a found document's title is the bridge entity and its snippet holds relevance cues) or
 "final answer: <Entity>".
 """
@@ -30,7 +30,7 @@ from trace_client.sim.tabular import (
 )
 
 _FAMILY_TAG = 202
-_OBSCURITY_LEVELS = 7
+_PROMINENCE_LEVELS = 7
 _LEVEL_SPAN = 4.0
 _RELATIONS_PER_KIND = 4
 _ENTITIES = 1500
@@ -60,7 +60,7 @@ class MultihopWorkload(TabularWorkload):
                 "entity": _ENTITIES,
                 "relation": _RELATIONS_PER_KIND * config.kinds,
                 "style": config.search_styles,
-                "obscurity": 6 * _OBSCURITY_LEVELS,
+                "prominence": 6 * _PROMINENCE_LEVELS,
                 "relevant": 16,
                 "irrelevant": 16,
             },
@@ -148,6 +148,9 @@ class MultihopWorkload(TabularWorkload):
     def _prompt_texts(self, rng: np.random.Generator) -> list[str]:
         config = self.config
         count = config.prompts
+        # How easy the prompt reads: z plus a per-prompt offset its graded words share (text can
+        # mislead consistently), each word blurred again by level_noise.
+        apparent = self.difficulty + config.text_bias * rng.standard_normal(count)
         lexicon = self.lexicon
         relation_ids = _RELATIONS_PER_KIND * self.visible_kind[:, None] + rng.integers(
             0, _RELATIONS_PER_KIND, (count, config.max_hops)
@@ -161,7 +164,7 @@ class MultihopWorkload(TabularWorkload):
             lengths,
             np.full(count, config.prompt_signal_rate),
             lambda owners: lexicon.graded(
-                "obscurity", self.difficulty[owners], _OBSCURITY_LEVELS, config.level_noise, _LEVEL_SPAN, rng
+                "prominence", apparent[owners], _PROMINENCE_LEVELS, config.level_noise, _LEVEL_SPAN, rng
             ),
             rng,
         )

@@ -136,6 +136,9 @@ class ToolcallWorkload(TabularWorkload):
     def _prompt_texts(self, rng: np.random.Generator) -> list[str]:
         config = self.config
         count = config.prompts
+        # How easy the prompt reads: z plus a per-prompt offset its graded words share (text can
+        # mislead consistently), each word blurred again by level_noise.
+        apparent = self.difficulty + config.text_bias * rng.standard_normal(count)
         lexicon = self.lexicon
         lengths = uniform_lengths(config.prompt_words, count, rng)
         words = lexicon.segments(
@@ -143,7 +146,7 @@ class ToolcallWorkload(TabularWorkload):
             np.full(count, config.prompt_signal_rate),
             lambda owners: lexicon.graded(
                 "difficulty",
-                self.difficulty[owners],
+                apparent[owners],
                 _DIFFICULTY_LEVELS,
                 config.level_noise,
                 _LEVEL_SPAN,
