@@ -73,9 +73,9 @@ class MathConfig:
     feature_dim: int = 0
     feature_signal: float = 0.5
     vocabulary_seed: int = 0
-    # Text: prompts hold graded difficulty words at `prompt_signal_rate`, their level blurred by
-    # `level_noise` on the logit scale (modest signal); steps carry sound / unsound verdict words, each
-    # flipped with `verdict_flip` (weak signal).
+    # Text: prompts hold graded difficulty words at `prompt_signal_rate`, graded by z plus a per-prompt
+    # offset N(0, `text_bias`²) they share, each word blurred again by `level_noise` (modest signal);
+    # steps carry sound / unsound verdict words, all of a turn's flipped with `verdict_flip` (weak signal).
     prompt_words: tuple[int, int] = (8, 30)
     prompt_signal_rate: float = 0.15
     level_noise: float = 2.0
@@ -133,22 +133,24 @@ class MultihopConfig:
     kinds: int = 4
     search_styles: int = 3
     min_hops: int = 2
-    max_hops: int = 3
-    max_turns: int = 8
+    max_hops: int = 4
+    max_turns: int = 10
     difficulty: tuple[LogitComponent, ...] = MULTIHOP_DIFFICULTY
     kind_noise: float = 0.2
     style_bonus: float = 1.5
     answer_bias: float = 1.5
     missing_penalty: float = 3.0
     # The default policy's answer logit by documents found (searches have logit 0): a base model that
-    # usually answers once it has two documents, so three-hop questions are often answered too early.
-    answer_prior: tuple[float, ...] = (-2.5, -1.5, 0.5, 1.5)
+    # rarely answers before two documents and usually after three, so four-hop questions are often
+    # answered too early and two-hop ones searched on for nothing.
+    answer_prior: tuple[float, ...] = (-3.0, -2.0, -0.5, 1.0, 2.0)
     learning_rate: float = 0.3
     feature_dim: int = 0
     feature_signal: float = 0.5
     vocabulary_seed: int = 0
-    # Text: prompts hold graded prominence words (strong signal); a found document names the bridge
-    # entity and holds relevance words, each flipped with `document_flip`.
+    # Text: prompts hold graded prominence words, graded by z plus a per-prompt offset N(0, `text_bias`²)
+    # and per-word `level_noise` (strong signal); a found document names the bridge entity and holds
+    # relevance words, all of a document's flipped with `document_flip`.
     prompt_words: tuple[int, int] = (6, 24)
     prompt_signal_rate: float = 0.3
     level_noise: float = 1.0
@@ -219,7 +221,8 @@ class ToolcallConfig:
     feature_dim: int = 0
     feature_signal: float = 0.5
     vocabulary_seed: int = 0
-    # Text: the request holds graded difficulty words (weak signal); responses show the status exactly,
+    # Text: the request holds graded difficulty words, graded by z plus a per-prompt offset
+    # N(0, `text_bias`²) and per-word `level_noise` (weak signal); responses show the status exactly,
     # but an error's `retryable` flag is wrong with probability `retryable_flip`.
     prompt_words: tuple[int, int] = (6, 20)
     prompt_signal_rate: float = 0.1

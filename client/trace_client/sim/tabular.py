@@ -32,7 +32,6 @@ from trace_client.sim.state import Prompt, RolloutState, Turn
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
-BoolArray = npt.NDArray[np.bool_]
 
 # Features clip logits (a hidden state does not grow without bound) and keep p off 0 and 1 first.
 _LOGIT_EPSILON = 1e-9
@@ -86,7 +85,7 @@ def noisy_labels(labels: IntArray, classes: int, noise: float, rng: np.random.Ge
 @dataclass(frozen=True, slots=True)
 class TurnDraw:
     """One batch of drawn turns, for rendering: per turn its task, turn index t (0-based), the latent
-    state before and after, the action, the outcome index, and the exact p before and after."""
+    state before and after, the action and the outcome index."""
 
     tasks: IntArray
     turn: IntArray
@@ -94,9 +93,6 @@ class TurnDraw:
     action: IntArray
     outcome: IntArray
     after: IntArray
-    p_before: FloatArray
-    p_after: FloatArray
-    final: BoolArray
 
 
 class TabularWorkload(PolicyWorkload):
@@ -144,7 +140,6 @@ class TabularWorkload(PolicyWorkload):
         self._values = np.zeros((max_turns + 1, prompts, states))
         self._lengths = np.zeros((max_turns + 1, prompts, states))
         self._stale_lengths = np.ones(prompts, dtype=np.bool_)
-        self._theta = np.zeros((contexts, actions))
         self.policy = theta
         ids = [f"{self.name}{seed}-p{index:05d}" for index in range(prompts)]
         self._index = {prompt_id: index for index, prompt_id in enumerate(ids)}
@@ -275,17 +270,7 @@ class TabularWorkload(PolicyWorkload):
         after = self._next_state[turn, before, action, outcome]
         p_after = self._values[turn + 1, tasks, after]
         final = after >= self.success_state
-        draw = TurnDraw(
-            tasks=tasks,
-            turn=turn,
-            before=before,
-            action=action,
-            outcome=outcome,
-            after=after,
-            p_before=self._values[turn, tasks, before],
-            p_after=p_after,
-            final=final,
-        )
+        draw = TurnDraw(tasks=tasks, turn=turn, before=before, action=action, outcome=outcome, after=after)
         texts = self._turn_texts(draw, rng)
         features = self._features(p_after, rng)
         stepped: list[RolloutState] = []
