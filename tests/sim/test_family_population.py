@@ -18,7 +18,9 @@ from trace_client.sim import (
     SimWorkload,
     Workload,
     make_workload,
+    root_summary,
 )
+from trace_client.sim.__main__ import main
 
 
 def test_the_registry_names_every_family() -> None:
@@ -136,26 +138,26 @@ def test_epoch_pool_order_depends_on_the_seed_and_the_epoch() -> None:
     assert workload.epoch_pool(3, 0) == []
 
 
-def root_summary(family: str) -> tuple[float, float, float]:
-    """Share of tasks with root success below 0.05, above 0.95, and the intraclass correlation
-    Var(p_i) / (p̄(1 − p̄)) of a task's episodes, on the family's default population."""
-    rates = root_success(make_workload(family, 0))
-    mean = rates.mean()
-    return (
-        float(np.mean(rates < 0.05)),
-        float(np.mean(rates > 0.95)),
-        float(rates.var() / (mean * (1 - mean))),
-    )
-
-
 def test_families_have_different_difficulty_mixes() -> None:
-    summaries = {family: root_summary(family) for family in ALL_FAMILIES}
-    for (_, a), (_, b) in itertools.combinations(summaries.items(), 2):
-        assert max(abs(a[0] - b[0]), abs(a[1] - b[1])) >= 0.04
-        assert abs(a[2] - b[2]) >= 0.03
-    for low, high, _ in summaries.values():
+    """Shares of tasks below 0.05 / above 0.95, intraclass correlations and turn counts differ between
+    every two families at their defaults."""
+    summaries = {family: root_summary(make_workload(family, 0)) for family in ALL_FAMILIES}
+    for a, b in itertools.combinations(summaries.values(), 2):
+        assert (
+            max(abs(a.below_5_percent - b.below_5_percent), abs(a.above_95_percent - b.above_95_percent))
+            >= 0.04
+        )
+        assert abs(a.intraclass_correlation - b.intraclass_correlation) >= 0.03
+        assert abs(a.mean_turns - b.mean_turns) >= 0.3
+    for summary in summaries.values():
         # RLVR-like: many tasks near certain failure or success, and many in between.
-        assert 0.2 <= low + high <= 0.8
+        assert 0.2 <= summary.below_5_percent + summary.above_95_percent <= 0.8
+
+
+def test_the_summary_is_printed_per_family(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["1"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines[1:]] == list(ALL_FAMILIES)
 
 
 @pytest.mark.parametrize(

@@ -1,17 +1,65 @@
 """Simulated multi-turn agentic workloads whose true conditional success is known at every prefix.
 
-Families (`FAMILIES`, `make_workload`): "react" (`SimWorkload`, below), and three policy families
-driven by a softmax policy over a finite action set — "math" (`MathWorkload`), "multihop"
-(`MultihopWorkload`) and "toolcall" (`ToolcallWorkload`); see `trace_client.sim.tabular` for their
-exactness argument.
+They stand in for an LLM agent and its generation workers in the demo, the tests and the benchmarks, and
+let the oracle allocation be computed. Needs numpy only.
+
+Every family is a `Workload` (`trace_client.sim.base`): a population of tasks (`prompts`, larger than a
+step's pool; `epoch_pool(step, size)` visits it epoch by epoch), immutable rollout prefixes
+(`RolloutState`) that carry the exact P(reward = 1 | prefix) as `p` and can be continued any number of
+times, vectorised stepping (`step_many`, `run`), `true_success_many`, `expected_remaining_turns`, and a
+learning mode (`learn`). `FAMILIES[name](seed, prompts, **config_overrides)` or `make_workload(name,
+seed, prompts)` builds one; another seed gives other tasks of the same family (same types, contexts and
+words): held-out tasks.
+
+Families
+--------
+"react" (`SimWorkload`, `SimConfig`): a martingale on p rendered as ReAct turns (below); 2–12 turns,
+a U-shaped Beta mixture of success rates.
+
+The other three are `PolicyWorkload`s: each task is a small tabular MDP (`TabularWorkload`) and the agent
+picks one of `actions` actions per turn with π_θ(a | c) = softmax(θ[c]), where the context c is what it
+can observe (its task's visible type, read from the prompt with noise, times its progress). Contexts are
+shared across tasks, so θ learned on some tasks transfers to others of the family; which action is right
+depends on the true type and the progress (`right_actions()` is the expert). Every turn records its
+action (`Turn.action`) and every state its hidden MDP state (`RolloutState.latent`).
+
+- "math" (`MathWorkload`, `MathConfig`) — mathematical reasoning: 2–4 reasoning steps, then an answer
+  (3–5 turns). Success is decided mostly by the task's latent difficulty (a bimodal mix: the highest
+  intraclass correlation); a sound or unsound step moves the answer's logit by only ±0.3 (weak prefix
+  signal); prompts carry modest text signal (graded words, equation length), steps noisy verdicts.
+- "multihop" (`MultihopWorkload`, `MultihopConfig`) — multi-hop QA: 2–4 documents must be found by
+  search turns (document observations) before answering, up to 10 turns. Finding or missing a document
+  moves the odds a lot; answering early is usually wrong. A wide unimodal mix (most in-between tasks,
+  the lowest intraclass correlation); strong prompt signal; found documents name the bridge entity.
+- "toolcall" (`ToolcallWorkload`, `ToolcallConfig`) — function calling: 2–4 JSON tool calls in sequence,
+  up to 7 turns. A failed call is either a recoverable error (the right fix is another variant) or fatal,
+  an absorbing failure that ends the rollout with reward 0; a mix skewed to failure; weak prompt signal,
+  responses that show the status exactly but mislabel `retryable` sometimes.
+
+Each family spells its own generated words (`trace_client.sim.lexicon`: marker letters make the
+families' words disjoint by construction) in its own surface form, and none reuses the ReAct template.
+
+Exactness of the policy families (`trace_client.sim.tabular`): with P the per-task transition tables and
+N the next-state tables, backward dynamic programming under the current θ,
+
+    V_H(s) = [s = SUCCESS],   V_t(s) = Σ_a π_θ(a | c_t(s)) Σ_k P_t(k | s, a) · V_{t+1}(N_t(s, a, k)),
+
+is P(reward = 1 | state s after t turns), because a rollout draws a and k from exactly these
+distributions; a state's `p` is V_t(s), so E[p' | s] = p(s) and the reward is Bernoulli(p) from any
+prefix. Setting `policy` re-solves every task (a few ms for 2,000 tasks); `learn` raises one task's
+competence (a logit offset on its success-relevant transitions) and re-solves that task.
+
+At the defaults (seeds 0–4, all tasks; `python -m trace_client.sim` prints `root_summary` per family):
+share of tasks with root success < 0.05 / > 0.95, intraclass correlation Var(p_i) / (p̄(1 − p̄)), mean
+turns of a rollout:
+
+    react     0.44 / 0.22   0.76   5.6
+    math      0.42 / 0.34   0.81   3.8
+    multihop  0.26 / 0.11   0.58   7.1
+    toolcall  0.34 / 0.13   0.63   3.1
 
 The "react" family
-
-It stands in for an LLM agent and its generation workers in the demo, the tests and the benchmarks, and
-lets the oracle allocation be computed. Needs numpy only.
-
-Model
------
+------------------
 - Each prompt has a hidden success rate p0 from a Beta mixture (`SimConfig.difficulty`; U-shaped by
   default, so that uniform GRPO with 8 rollouts per prompt sees about 30% mixed groups).
 - A rollout is a sequence of ReAct turns ("Thought: … / Action: tool[…] / Observation: …"). The state
@@ -40,6 +88,11 @@ True
 >>> (branch,) = workload.run([prefix], rng)
 >>> branch[0].history[0] is prefix.history[0]
 True
+>>> math = make_workload("math", seed=0, prompts=64)  # a policy family: θ has one row per context
+>>> state = math.start(math.prompts[0].prompt_id)
+>>> math.policy = math.policy + 1.0 * np.eye(math.actions)[math.right_actions()]
+>>> math.start(state.prompt_id).p > state.p  # the expert's direction raises success
+True
 """
 
 from trace_client.sim.base import PolicyWorkload, Workload
@@ -62,7 +115,7 @@ from trace_client.sim.family_config import (
 from trace_client.sim.lexicon import Lexicon, Spelling
 from trace_client.sim.math_reasoning import MathWorkload
 from trace_client.sim.multihop import MultihopWorkload
-from trace_client.sim.registry import FAMILIES, WorkloadFactory, make_workload
+from trace_client.sim.registry import FAMILIES, RootSummary, WorkloadFactory, make_workload, root_summary
 from trace_client.sim.state import Prompt, RolloutState, Turn
 from trace_client.sim.tabular import TabularWorkload, TurnDraw
 from trace_client.sim.toolcall import ToolcallWorkload
@@ -85,6 +138,7 @@ __all__ = [
     "PolicyWorkload",
     "Prompt",
     "RolloutState",
+    "RootSummary",
     "SimConfig",
     "SimWorkload",
     "Spelling",
@@ -99,4 +153,5 @@ __all__ = [
     "Workload",
     "WorkloadFactory",
     "make_workload",
+    "root_summary",
 ]
