@@ -108,22 +108,20 @@ class MathWorkload(TabularWorkload):
     def _transition_probabilities(self, tasks: IntArray) -> FloatArray:
         config = self.config
         turns, actions, levels = config.max_turns, config.actions, config.max_steps + 1
-        logit = (self.difficulty[tasks] + self._competence[tasks])[:, None, None]
-        right = self.right_method(self.topic[tasks])[:, :, None] == np.arange(actions)[None, None, :]
-        bonus = config.method_bonus * (right - 1.0 / actions)  # (tasks, turns, actions)
+        # Axes: (turn t, task, sound steps r, action a).
+        logit = (self.difficulty[tasks] + self._competence[tasks])[None, :, None, None]
+        right = self.right_method(self.topic[tasks]).T[:, :, None, None] == np.arange(actions)
+        bonus = config.method_bonus * (right - 1.0 / actions)
         sound = sigmoid(logit + bonus)
-        sound_steps = np.arange(levels)[None, :]
-        prefix = config.prefix_weight * (2 * sound_steps - np.arange(turns)[:, None])  # (turns, levels)
-        right_answer = sigmoid(logit[:, :, :, None] + prefix[None, :, :, None] + bonus[:, :, None, :])
-        alpha = self.answer_probabilities()[None, :, None, None]
+        steps_taken = np.arange(turns)[:, None, None, None]
+        sound_steps = np.arange(levels)[None, None, :, None]
+        right_answer = sigmoid(logit + config.prefix_weight * (2 * sound_steps - steps_taken) + bonus)
+        alpha = self.answer_probabilities()[:, None, None, None]
         probabilities = np.zeros((turns, tasks.shape[0], self.states, actions, 4))
-        stepping = np.moveaxis(np.broadcast_to(sound[:, :, None, :], right_answer.shape), 1, 0)
-        answering = np.moveaxis(right_answer, 1, 0)
-        alpha_t = np.moveaxis(alpha, 1, 0)
-        probabilities[:, :, :levels, :, _SOUND] = (1 - alpha_t) * stepping
-        probabilities[:, :, :levels, :, _UNSOUND] = (1 - alpha_t) * (1 - stepping)
-        probabilities[:, :, :levels, :, _RIGHT] = alpha_t * answering
-        probabilities[:, :, :levels, :, _WRONG] = alpha_t * (1 - answering)
+        probabilities[:, :, :levels, :, _SOUND] = (1 - alpha) * sound
+        probabilities[:, :, :levels, :, _UNSOUND] = (1 - alpha) * (1 - sound)
+        probabilities[:, :, :levels, :, _RIGHT] = alpha * right_answer
+        probabilities[:, :, :levels, :, _WRONG] = alpha * (1 - right_answer)
         return probabilities
 
     def _prompt_texts(self, rng: np.random.Generator) -> list[str]:
@@ -148,7 +146,7 @@ class MathWorkload(TabularWorkload):
             ),
             rng,
         )
-        # Harder tasks tend to longer equations: terms = clip(round(3 − (z + 1.5·ε) / 2.5), 1, 6).
+        # Harder-reading tasks get longer equations: terms = clip(round(3 − (apparent + 1.5·ε) / 2.5), 1, 6).
         noisy = apparent + 1.5 * rng.standard_normal(count)
         terms = np.clip(np.rint(3 - noisy / 2.5), 1, 6).astype(np.int64).tolist()
         coefficients = rng.integers(2, 20, (count, 7)).tolist()

@@ -179,7 +179,7 @@ class MultihopWorkload(TabularWorkload):
         config = self.config
         count = draw.tasks.shape[0]
         lexicon = self.lexicon
-        found_level = np.minimum(draw.before, config.max_hops)
+        found_level = draw.before  # an unfinished state: 0 … max_hops documents found
         answered = (draw.action == self.answer_action) | (draw.turn == config.max_turns - 1)
         found = ~answered & (draw.after > draw.before)
         # A search after all hops are found brings a redundant document: no cue either way.
