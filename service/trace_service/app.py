@@ -12,8 +12,10 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.dependencies.models import Dependant
 from fastapi.openapi.utils import get_openapi
+from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry, start_http_server
 from redis.exceptions import RedisError
 
@@ -143,6 +145,7 @@ def create_app(settings: Settings | None = None, *, store: TreeStore | None = No
             sys.setswitchinterval(switch_interval)
 
     app = FastAPI(
+        dependencies=[Depends(reject_unknown_query)],
         title="trace-rollout",
         version=__version__,
         summary="TRACE rollout allocation: spend an RLVR rollout budget where outcomes are likely mixed.",
@@ -161,6 +164,23 @@ def create_app(settings: Settings | None = None, *, store: TreeStore | None = No
     app.add_middleware(RequestContextMiddleware)
     app.openapi = lambda: openapi_document(app)  # type: ignore[method-assign]
     return app
+
+
+def reject_unknown_query(request: Request) -> None:
+    """A query parameter the route does not take is an error (a typo must not fall back to a default)."""
+    route = request.scope.get("route")
+    known = _query_names(route.dependant) if isinstance(route, APIRoute) else set()
+    unknown = sorted(set(request.query_params) - known)
+    if unknown:
+        taken = ", ".join(sorted(known)) or "none"
+        raise HTTPException(422, f"unknown query parameter(s) {unknown}; this route takes: {taken}")
+
+
+def _query_names(dependant: Dependant) -> set[str]:
+    names = {param.alias for param in dependant.query_params}
+    for dependency in dependant.dependencies:
+        names |= _query_names(dependency)
+    return names
 
 
 def openapi_document(app: FastAPI) -> dict[str, Any]:

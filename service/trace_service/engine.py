@@ -6,6 +6,7 @@ pure functions of ``trace_service.allocation`` and ``trace_service.tree``.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import time
@@ -36,6 +37,7 @@ from trace_proto import (
 from trace_service.allocation import (
     allocate_roots,
     allocate_roots_exact,
+    dapo_keep,
     expand_prefixes,
     greso_keep,
     knapsack_weight,
@@ -87,6 +89,10 @@ class NotFoundError(LookupError):
     """An unknown tree or job."""
 
 
+class IdempotencyConflictError(ValueError):
+    """An idempotency key reused for a different request (answered 422, as payment APIs do)."""
+
+
 class Engine:
     def __init__(
         self,
@@ -114,10 +120,12 @@ class Engine:
     async def allocate(self, request: AllocateRequest, idempotency_key: str | None) -> AllocateResponse:
         """Stage 1.  Trees are created before the answer is remembered under the idempotency key and
         listed after, so a retry after any failure gets trees that exist; listing is idempotent."""
+        fingerprint = ""
         if idempotency_key:
+            fingerprint = await _off_loop(len(request.prompts), request_fingerprint, request)
             remembered = await self.store.recall_response(request.job, idempotency_key)
             if remembered is not None:
-                response = AllocateResponse.model_validate_json(remembered)
+                response = self._remembered(idempotency_key, fingerprint, remembered)
                 await self._index(request, response)  # in case the first attempt stopped before it
                 return response
         with self.metrics.allocate_duration.labels(request.policy.value).time():
@@ -125,12 +133,11 @@ class Engine:
         now = self.clock()
         await self.store.create_trees(trees, now)
         if idempotency_key:
-            winner = await self.store.remember_response(
-                request.job, idempotency_key, response.model_dump_json()
-            )
-            if winner != response.model_dump_json():
+            body = response.model_dump_json()
+            winner = await self.store.remember_response(request.job, idempotency_key, fingerprint, body)
+            if winner[1] != body:
                 # A concurrent twin answered first: its trees stand; ours stay unlisted and expire.
-                response = AllocateResponse.model_validate_json(winner)
+                response = self._remembered(idempotency_key, fingerprint, winner)
                 await self._index(request, response)
                 return response
         await self._index(request, response)
@@ -141,6 +148,16 @@ class Engine:
         promised.labels(request.job, "continuation").inc(sum(tree.expansion_budget for tree in trees))
         return response
 
+    @staticmethod
+    def _remembered(key: str, fingerprint: str, remembered: tuple[str, str]) -> AllocateResponse:
+        """The answer remembered under an idempotency key, if it answered this same request."""
+        first, body = remembered
+        if first and first != fingerprint:
+            raise IdempotencyConflictError(
+                f"Idempotency-Key {key!r} was used for a different request; use a new key for a new request"
+            )
+        return AllocateResponse.model_validate_json(body)
+
     async def _index(self, request: AllocateRequest, response: AllocateResponse) -> None:
         await self.store.index_allocation(
             request.job,
@@ -148,6 +165,7 @@ class Engine:
             response.allocation_id,
             len(request.prompts),
             [tree.tree_id for tree in response.trees],
+            sum(tree.rollouts for tree in response.trees),
             self.clock(),
         )
 
@@ -252,7 +270,7 @@ class Engine:
         if policy is Policy.PCL:
             batch = min(n, request.max_prompts or n)
             per_prompt = int(np.clip(budget // max(batch, 1), request.min_rollouts, request.max_rollouts))
-            return pcl_roots(v, budget, rollouts_per_prompt=per_prompt)[:n]
+            return pcl_roots(v, budget, rollouts_per_prompt=per_prompt, max_prompts=cap)
         keep = greso_keep(streak, self._rng) if policy is Policy.GRESO else None
         return uniform_roots(n, budget, min_rollouts=lo, max_rollouts=hi, max_prompts=cap, keep=keep)
 
@@ -472,6 +490,10 @@ class Engine:
             return expansion.counts, node_ids, predictions, expansion.fallback_units, share
         if policy in _RANDOM_PREFIXES:
             return random_branching(len(node_ids), share, self._rng), node_ids, {}, 0, share
+        if policy is Policy.DAPO and not dapo_keep(meta.bare_successes, meta.bare_leaves):
+            # DAPO filters a group whose rewards all agree out of the batch: no continuations for it,
+            # its share is returned.
+            return np.zeros(len(node_ids), dtype=np.int64), node_ids, {}, 0, share
         return spread_evenly(np.ones(len(node_ids), dtype=bool), share), node_ids, {}, 0, share
 
     async def _on_completed(self, tree_id: str, meta: TreeMeta | None = None) -> None:
@@ -482,9 +504,7 @@ class Engine:
         meta = meta or (await self.store.load_metas([tree_id]))[0]
         if meta is None:
             return
-        counted = await self.store.record_prompt_outcome(
-            meta.job, tree_id, meta.prompt_id, meta.bare_successes, meta.bare_leaves
-        )
+        counted = await self.store.record_prompt_outcome(meta)
         await self.store.push_completed(tree_id)
         if counted:
             self.metrics.trees_completed.labels(meta.job, "true" if meta.mixed else "false").inc()
@@ -600,28 +620,47 @@ class Engine:
         steps = await self.store.steps(job, self.settings.stats_steps)
         if not steps:
             raise NotFoundError(f"unknown job {job!r}")
-        summaries = []
-        for step in steps:
-            metas = [m for m in await self.store.load_metas(await self.store.step_tree_ids(job, step)) if m]
-            prompts = max(await self.store.step_prompts(job, step), len(metas))
-            summaries.append(
-                StepStats(
-                    step=step,
-                    prompts=prompts,
-                    active=len(metas),
-                    skipped=prompts - len(metas),
-                    trees_complete=sum(m.finished for m in metas),
-                    mixed=sum(m.mixed for m in metas),
-                    budget_promised=sum(m.rollouts for m in metas),
-                    rollouts_spent=sum(m.bare_leaves for m in metas),
-                    continuations_promised=sum(m.promised for m in metas),
-                    continuations_spent=sum(m.cont_leaves for m in metas),
-                    fallback_units=sum(m.fallback for m in metas),
-                )
-            )
+        summaries = [await self._step_stats(job, step) for step in steps]
         if summaries[-1].effective_ratio is not None:
             self.metrics.effective_ratio.labels(job).set(summaries[-1].effective_ratio)
         return JobStats(job=job, steps=summaries)
+
+    async def _step_stats(self, job: str, step: int) -> StepStats:
+        """A step's figures: the sums kept for its counted trees (they outlive the trees) plus what its
+        other trees hold now.  The sums are read first: a tree counted in between is missed by this
+        answer (and counted in the next), never counted twice."""
+        allocations = await self.store.step_allocations(job, step)
+        totals = await self.store.step_totals(job, step)
+        tree_ids = await self.store.step_tree_ids(job, step)
+        # A step allocated before the service kept per-step figures: what its trees still hold.
+        legacy = any(allocation.trees is None for allocation in allocations)
+        if legacy:
+            totals = {}
+        uncounted = tree_ids if legacy else await self.store.uncounted(job, tree_ids)
+        live = [meta for meta in await self.store.load_metas(uncounted) if meta]
+        if legacy:
+            active, bare_promised = len(live), sum(meta.rollouts for meta in live)
+        else:
+            active = sum(allocation.trees or 0 for allocation in allocations)
+            bare_promised = sum(allocation.bare_promised or 0 for allocation in allocations)
+        prompts = max(sum(allocation.prompts for allocation in allocations), active)
+
+        def total(figure: str, live_value: Callable[[TreeMeta], int]) -> int:
+            return totals.get(figure, 0) + sum(live_value(meta) for meta in live)
+
+        return StepStats(
+            step=step,
+            prompts=prompts,
+            active=active,
+            skipped=prompts - active,
+            trees_complete=total("trees_complete", lambda meta: int(meta.finished)),
+            mixed=total("mixed", lambda meta: int(meta.mixed)),
+            budget_promised=bare_promised,
+            rollouts_spent=total("rollouts_spent", lambda meta: meta.bare_leaves),
+            continuations_promised=total("continuations_promised", lambda meta: meta.promised),
+            continuations_spent=total("continuations_spent", lambda meta: meta.cont_leaves),
+            fallback_units=total("fallback_units", lambda meta: meta.fallback),
+        )
 
     async def predict(self, job: str, histories: Sequence[HistoryIn]) -> PredictResponse:
         history = await self.store.prompt_outcomes(job, [h.prompt_id for h in histories])
@@ -672,6 +711,11 @@ def feature_problem(features: Sequence[float] | None, feature_dim: int) -> str |
     if any(abs(value) > _FLOAT32_MAX for value in features):
         return "features exceed the float32 range"
     return None
+
+
+def request_fingerprint(request: AllocateRequest) -> str:
+    """What identifies a request behind an idempotency key: a digest of its canonical JSON."""
+    return hashlib.sha256(request.model_dump_json().encode()).hexdigest()
 
 
 def fresh_ids(count: int) -> list[str]:

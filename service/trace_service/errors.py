@@ -78,7 +78,7 @@ def install_error_handlers(app: FastAPI) -> None:
         return problem(
             request_id_of(request),
             503,
-            "the tree store is unavailable; nothing was lost, retry shortly",
+            f"the tree store is unavailable; retry in {STORE_RETRY_AFTER} s",
             headers={"Retry-After": str(STORE_RETRY_AFTER)},
         )
 

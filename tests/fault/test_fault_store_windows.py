@@ -165,7 +165,7 @@ def test_a_tree_completed_before_a_store_failure_still_trains_the_predictor(
 #: Store writes that create keys.
 WRITES: dict[str, Callable[[TreeStore], Awaitable[None]]] = {
     "publish_weights": lambda store: store.publish_weights(1, b"weights"),
-    "index_allocation": lambda store: store.index_allocation("job", 0, "a1", 8, ["t1", "t2"], time.time()),
+    "index_allocation": lambda store: store.index_allocation("job", 0, "a1", 8, ["t1", "t2"], 4, time.time()),
     "queue_instructions": lambda store: store.queue_instructions("job", "t1", {"i1": time.time()}),
     "push_completed": lambda store: store.push_completed("t1"),
 }

@@ -13,12 +13,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from support import LiveService, make_settings, rollout, turn
+from support import LiveService, free_port, make_settings, rollout, turn
 
-from trace_proto import AllocateRequest, PromptIn
+from trace_proto import AllocateRequest, Policy, PromptIn
 from trace_proto.v1 import limits
 from trace_service.app import create_app
-from trace_service.engine import Engine
+from trace_service.engine import Engine, IdempotencyConflictError
 
 
 @contextlib.asynccontextmanager
@@ -209,3 +209,117 @@ def test_healthz_answers_while_the_heaviest_predict_runs(http: httpx.Client) -> 
         assert heavy.result().status_code == 200
     # 100 ms on an idle machine; the bound leaves room for a loaded CI runner.
     assert len(waits) > 5 and max(waits) < 0.5, sorted(waits)[-5:]
+
+
+# --- 6. semantics that say what they do ------------------------------------------------------------
+
+
+async def test_pcl_keeps_to_max_prompts() -> None:
+    async with running_engine() as engine:
+        prompts = [PromptIn(prompt_id=f"p{i}") for i in range(100)]
+        request = AllocateRequest(
+            step=0, budget=64, max_rollouts=4, max_prompts=3, policy=Policy.PCL, prompts=prompts
+        )
+        allocation = await engine.allocate(request, None)
+        assert len(allocation.trees) == 3
+        assert all(tree.rollouts == 4 for tree in allocation.trees)
+
+
+async def test_an_idempotency_key_reused_for_another_request_is_refused() -> None:
+    async with running_engine() as engine:
+        first = AllocateRequest(step=0, budget=2, prompts=[PromptIn(prompt_id="p")])
+        answer = await engine.allocate(first, "key")
+        assert await engine.allocate(first, "key") == answer
+        with pytest.raises(IdempotencyConflictError, match="different request"):
+            await engine.allocate(first.model_copy(update={"budget": 4}), "key")
+
+
+def test_an_idempotency_conflict_is_a_422(http: httpx.Client) -> None:
+    body = {"step": 0, "budget": 2, "prompts": [{"prompt_id": "p"}]}
+    assert http.post("/v1/allocate", json=body, headers={"Idempotency-Key": "k"}).status_code == 200
+    answer = http.post("/v1/allocate", json={**body, "step": 1}, headers={"Idempotency-Key": "k"})
+    assert answer.status_code == 422
+    assert "Idempotency-Key" in answer.json()["detail"]
+
+
+async def test_a_node_reported_again_with_other_content_is_a_conflict(store_url: str) -> None:
+    async with running_engine(store_url) as engine:
+        request = AllocateRequest(step=0, budget=2, prompts=[PromptIn(prompt_id="p")])
+        allocation = await engine.allocate(request, None)
+        first = turn(allocation.trees[0].tree_id, None)
+        assert (await engine.expand([first])).accepted == 1
+        same = first.model_copy(update={"event_id": "again"})
+        assert (await engine.expand([same])).duplicates == 1
+        for n, change in enumerate([{"text": "another text"}, {"text": None}]):
+            answer = await engine.expand([first.model_copy(update={"event_id": f"changed{n}", **change})])
+            assert [r.status for r in answer.rejected] == [409], answer
+        exported = await engine.tree(allocation.trees[0].tree_id)
+        assert len(exported.nodes) == 1
+
+
+async def test_job_stats_keep_a_step_after_its_trees_expire(store_url: str) -> None:
+    async with running_engine(store_url) as engine:
+        allocation = await engine.allocate(
+            AllocateRequest(
+                step=0, budget=4, expansion=0.0, prompts=[PromptIn(prompt_id="a"), PromptIn(prompt_id="b")]
+            ),
+            None,
+        )
+        first, second = allocation.trees
+        events = [e for j in range(first.rollouts) for e in rollout(first.tree_id, None, 2, float(j % 2))]
+        events += rollout(second.tree_id, None, 2, 1.0)  # the second tree is still open
+        await engine.expand(events)
+        before = await engine.job_stats("default")
+        assert before.steps[0].trees_complete == 1
+        for tree in allocation.trees:  # what their expiry does
+            await engine.store.redis.delete(*engine.store.keys.tree(tree.tree_id).all)
+        after = await engine.job_stats("default")
+        step = before.steps[0].model_copy(update={"rollouts_spent": before.steps[0].rollouts_spent - 1})
+        assert after.steps == [step]  # only the open tree's one leaf is gone
+
+
+def test_unknown_query_parameters_are_refused(http: httpx.Client) -> None:
+    for path in ("/v1/instructions?maxx=5", "/v1/jobs/default/stats?step=3", "/v1/predictor?verbose=1"):
+        answer = http.get(path)
+        assert answer.status_code == 422, (path, answer.text)
+        assert "unknown query parameter" in answer.json()["detail"]
+    assert http.get("/v1/instructions?job=default&max=5").status_code == 200
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", '[1, {"x": -Infinity}]', "1e999"])
+def test_metadata_numbers_must_be_finite(http: httpx.Client, value: str) -> None:
+    request = {"step": 0, "budget": 2, "prompts": [{"prompt_id": "p", "metadata": {"m": "VALUE"}}]}
+    body = json.dumps(request).replace('"VALUE"', value)
+    answer = http.post("/v1/allocate", content=body, headers={"content-type": "application/json"})
+    assert answer.status_code == 422, answer.text
+
+
+def test_the_store_unavailable_answer_promises_nothing() -> None:
+    with LiveService(make_settings(f"redis://127.0.0.1:{free_port()}/0")) as live:
+        body = {"step": 0, "budget": 2, "prompts": [{"prompt_id": "p"}]}
+        answer = httpx.post(f"{live.url}/v1/allocate", json=body, timeout=30)
+    assert answer.status_code == 503
+    assert "lost" not in answer.json()["detail"]
+    assert answer.headers["retry-after"]
+
+
+async def test_dapo_filters_a_group_whose_rewards_all_agree() -> None:
+    async with running_engine() as engine:
+        request = AllocateRequest(
+            step=0,
+            budget=4,
+            expansion=2.0,
+            policy=Policy.DAPO,
+            prompts=[PromptIn(prompt_id="agree"), PromptIn(prompt_id="mixed")],
+        )
+        agree, mixed = (await engine.allocate(request, None)).trees
+        answer = await engine.expand(
+            [e for j in range(agree.rollouts) for e in rollout(agree.tree_id, None, 2, 1.0)]
+        )
+        assert answer.instructions == [] and answer.completed == [agree.tree_id]
+        answer = await engine.expand(
+            [e for j in range(mixed.rollouts) for e in rollout(mixed.tree_id, None, 2, float(j % 2))]
+        )
+        assert sum(i.count for i in answer.instructions) == mixed.expansion_budget
+        meta = (await engine.store.load_metas([agree.tree_id]))[0]
+        assert meta is not None and meta.returned == agree.expansion_budget

@@ -1,9 +1,10 @@
 """`POST /v1/allocate`: how many bare rollouts each candidate prompt gets (Stage 1)."""
 
+import math
 from enum import StrEnum
 from typing import Annotated, Self
 
-from pydantic import Field, JsonValue, StrictBool, StrictInt, computed_field, model_validator
+from pydantic import Field, JsonValue, StrictBool, StrictInt, computed_field, field_validator, model_validator
 
 from trace_proto.v1.common import (
     DEFAULT_JOB,
@@ -45,8 +46,9 @@ class Policy(StrEnum):
       rollouts alone; TRACE Stage 2.
     - `uniform`: uniform Stage 1 and uniform Stage 2 (the paper's uniform/uniform ablation; with
       `expansion = 0` it is plain GRPO).
-    - `dapo`: DAPO-style dynamic sampling: uniform Stage 1, groups whose rewards all agree are
-      filtered out of the effective batch; uniform Stage 2.
+    - `dapo`: DAPO-style dynamic sampling: uniform Stage 1; a tree whose bare rollouts all agree is
+      filtered out (no continuations: its continuation budget is returned unspent), the others get
+      uniform Stage 2.
     - `greso`: GRESO-style skipping of prompts that were all-correct or all-wrong in recent steps
       (kept with a small probability), uniform over the rest; uniform Stage 2.
     - `pcl`: PCL-style selection of the prompts whose predicted success is closest to 0.5, the same
@@ -80,7 +82,23 @@ class PromptIn(RequestModel):
     features: FeatureVector | None = Field(
         default=None, description="Client features, e.g. a pooled hidden state."
     )
-    metadata: dict[str, JsonValue] | None = Field(default=None, description="Opaque to the service.")
+    metadata: dict[str, JsonValue] | None = Field(
+        default=None, description="Opaque to the service; numbers in it must be finite, as in JSON."
+    )
+
+    @field_validator("metadata")
+    @classmethod
+    def _check_finite(cls, metadata: dict[str, JsonValue] | None) -> dict[str, JsonValue] | None:
+        pending: list[JsonValue] = [metadata]
+        while pending:  # iteratively: the nesting depth is the caller's
+            value = pending.pop()
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError("metadata holds a NaN or infinite number, which JSON cannot carry")
+            if isinstance(value, dict):
+                pending.extend(value.values())
+            elif isinstance(value, list):
+                pending.extend(value)
+        return metadata
 
 
 class AllocateRequest(RequestModel):

@@ -76,19 +76,28 @@ def greso_keep(
 
 
 def pcl_roots(
-    v: npt.ArrayLike, budget: int, *, rollouts_per_prompt: int = 8, target: float = 0.5
+    v: npt.ArrayLike,
+    budget: int,
+    *,
+    rollouts_per_prompt: int = 8,
+    target: float = 0.5,
+    max_prompts: int | None = None,
 ) -> IntArray:
     """Prompt curriculum learning: keep the prompts whose predicted success is closest to ``target``,
-    each with the same ``rollouts_per_prompt`` (ties go to the earlier prompt)."""
+    each with the same ``rollouts_per_prompt`` (ties go to the earlier prompt), at most
+    ``max_prompts`` of them."""
     probs = probabilities(v, "v")
     budget = non_negative_int(budget, "budget")
     if rollouts_per_prompt < 1:
         raise ValueError("rollouts_per_prompt must be >= 1")
+    if max_prompts is not None and max_prompts < 1:
+        raise ValueError("max_prompts must be >= 1")
     if not 0.0 <= target <= 1.0:
         raise ValueError("target must lie in [0, 1]")
     order = np.lexsort((np.arange(probs.size), np.abs(probs - target)))
     counts = np.zeros(probs.size, dtype=np.int64)
-    counts[order[: budget // rollouts_per_prompt]] = rollouts_per_prompt
+    kept = budget // rollouts_per_prompt
+    counts[order[: kept if max_prompts is None else min(kept, max_prompts)]] = rollouts_per_prompt
     return counts
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from trace_service.store.records import (
+    AllocationCounts,
     AppliedBatch,
     EventOutcome,
     NewTree,
@@ -16,6 +17,7 @@ from trace_service.store.records import (
 from trace_service.store.store import RedisClient, TreeStore
 
 __all__ = [
+    "AllocationCounts",
     "AppliedBatch",
     "EventOutcome",
     "NewTree",

@@ -54,8 +54,14 @@ class KeySpace:
         return f"{self._job(job)}:step:{step}"
 
     def steps_info(self, job: str) -> str:
-        """Per-step counts that no tree records, such as the prompts a step was offered."""
+        """Per-allocation counts (``<step>:<allocation_id>`` fields): the prompts offered, trees made and
+        bare rollouts promised."""
         return f"{self._job(job)}:stepinfo"
+
+    def step_totals(self, job: str) -> str:
+        """Per-step sums over the trees already counted (``<step>:<figure>`` fields): job stats keep
+        them after the trees themselves expire."""
+        return f"{self._job(job)}:steptotals"
 
     def steps(self, job: str) -> str:
         return f"{self._job(job)}:steps"

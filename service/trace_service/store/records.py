@@ -295,3 +295,18 @@ class PromptOutcomes:
     def parse(cls, raw: str) -> PromptOutcomes:
         successes, trials, streak = (int(part) for part in raw.split(","))
         return cls(successes, trials, streak)
+
+
+@dataclass(frozen=True)
+class AllocationCounts:
+    """What one allocation of a step made: prompts offered, trees, bare rollouts promised (``None``
+    for allocations recorded before the service kept the last two)."""
+
+    prompts: int
+    trees: int | None = None
+    bare_promised: int | None = None
+
+    @classmethod
+    def parse(cls, raw: str) -> AllocationCounts:
+        parts = [int(part) for part in raw.split(",")]
+        return cls(parts[0]) if len(parts) == 1 else cls(parts[0], parts[1], parts[2])

@@ -24,6 +24,7 @@ from trace_proto import ExpandEvent
 from trace_proto.v1.limits import MAX_TURNS_PER_HISTORY
 from trace_service.store.keys import KeySpace
 from trace_service.store.records import (
+    AllocationCounts,
     AppliedBatch,
     EventOutcome,
     NewTree,
@@ -183,9 +184,17 @@ class TreeStore:
         await self._run_many(calls)
 
     async def index_allocation(
-        self, job: str, step: int, allocation_id: str, prompts: int, tree_ids: Sequence[str], now: float
+        self,
+        job: str,
+        step: int,
+        allocation_id: str,
+        prompts: int,
+        tree_ids: Sequence[str],
+        bare_promised: int,
+        now: float,
     ) -> None:
-        """List an allocation's trees under its job and step, and as open for the sweeper (idempotent).
+        """List an allocation's trees under its job and step, and as open for the sweeper (idempotent),
+        with its counts (``prompts`` offered, trees, ``bare_promised`` rollouts) for job stats.
         The trees first, in bounded chunks; the step, which makes job stats count them, only once every
         tree is listed, so a failure part-way leaves nothing that stats count (a retry completes it)."""
         ttl, step_info = self.job_ttl, f"{step}:{allocation_id}"
@@ -196,22 +205,28 @@ class TreeStore:
         await self._run_many(
             [
                 ("write_expire", [self.keys.steps(job)], [ttl, "ZADD", step, step]),
-                ("write_expire", [self.keys.steps_info(job)], [ttl, "HSET", step_info, prompts]),
+                (
+                    "write_expire",
+                    [self.keys.steps_info(job)],
+                    [ttl, "HSET", step_info, f"{prompts},{len(tree_ids)},{bare_promised}"],
+                ),
                 ("write_expire", [self.keys.jobs], [ttl, "ZADD", now, job]),
             ]
         )
 
-    async def recall_response(self, job: str, key: str) -> str | None:
+    async def recall_response(self, job: str, key: str) -> tuple[str, str] | None:
+        """The (request fingerprint, response) remembered under an idempotency key."""
         value = await self.redis.get(self.keys.idempotency(job, key))
-        return None if value is None else _text(value)
+        return None if value is None else _remembered(_text(value))
 
-    async def remember_response(self, job: str, key: str, body: str) -> str:
-        """Store a response under an idempotency key; if another request got there first, return its."""
+    async def remember_response(self, job: str, key: str, fingerprint: str, body: str) -> tuple[str, str]:
+        """Store a response and the fingerprint of its request under an idempotency key; if another
+        request got there first, return its (fingerprint, response)."""
         redis_key = self.keys.idempotency(job, key)
-        if await self.redis.set(redis_key, body, nx=True, ex=self.idempotency_ttl):
-            return body
+        if await self.redis.set(redis_key, f"{fingerprint} {body}", nx=True, ex=self.idempotency_ttl):
+            return fingerprint, body
         winner = await self.redis.get(redis_key)
-        return body if winner is None else _text(winner)
+        return (fingerprint, body) if winner is None else _remembered(_text(winner))
 
     async def prompt_outcomes(self, job: str, prompt_ids: Sequence[str]) -> list[PromptOutcomes]:
         """Each prompt's bare-rollout outcomes over earlier steps of the job."""
@@ -220,20 +235,47 @@ class TreeStore:
         raw = await self.redis.hmget(self.keys.prompt_outcomes(job), list(prompt_ids))
         return [PromptOutcomes.parse(_text(value)) if value else PromptOutcomes() for value in raw]
 
-    async def record_prompt_outcome(
-        self, job: str, tree_id: str, prompt_id: str, successes: int, trials: int
-    ) -> bool:
-        """Add a finished tree's bare-rollout group to its prompt's history, once per tree (a repeat is a
-        no-op).  Returns whether it was counted now."""
-        keys = [self.keys.prompt_outcomes(job), self.keys.counted_trees(job)]
+    async def record_prompt_outcome(self, meta: TreeMeta) -> bool:
+        """Count a finished tree once (a repeat is a no-op): its bare-rollout group joins its prompt's
+        history, its figures its step's totals.  Returns whether it was counted now."""
+        job = meta.job
+        keys = [self.keys.prompt_outcomes(job), self.keys.counted_trees(job), self.keys.step_totals(job)]
+        figures = {
+            "trees_complete": 1,
+            "mixed": int(meta.mixed),
+            "rollouts_spent": meta.bare_leaves,
+            "continuations_promised": meta.promised,
+            "continuations_spent": meta.cont_leaves,
+            "fallback_units": meta.fallback,
+        }
+        args = [meta.prompt_id, meta.bare_successes, meta.bare_leaves, self.job_ttl, meta.tree_id, meta.step]
         return bool(
-            await self._run("record_outcome", keys, [prompt_id, successes, trials, self.job_ttl, tree_id])
+            await self._run("record_outcome", keys, [*args, *(x for f in figures.items() for x in f)])
         )
 
-    async def step_prompts(self, job: str, step: int) -> int:
-        """Prompts offered at a step, over all its allocations."""
+    async def step_allocations(self, job: str, step: int) -> list[AllocationCounts]:
+        """The counts of each allocation made at a step."""
         raw = _decoded(await self.redis.hgetall(self.keys.steps_info(job)))
-        return sum(int(value) for field, value in raw.items() if field.split(":", 1)[0] == str(step))
+        return [
+            AllocationCounts.parse(value)
+            for field, value in raw.items()
+            if field.split(":", 1)[0] == str(step)
+        ]
+
+    async def step_totals(self, job: str, step: int) -> dict[str, int]:
+        """The sums over a step's counted trees, by figure (absent: 0)."""
+        raw = _decoded(await self.redis.hgetall(self.keys.step_totals(job)))
+        prefix = f"{step}:"
+        return {
+            field.removeprefix(prefix): int(value) for field, value in raw.items() if field.startswith(prefix)
+        }
+
+    async def uncounted(self, job: str, tree_ids: Sequence[str]) -> list[str]:
+        """The trees among ``tree_ids`` not yet counted (see :meth:`record_prompt_outcome`)."""
+        if not tree_ids:
+            return []
+        counted = await self.redis.smismember(self.keys.counted_trees(job), list(tree_ids))
+        return [tree_id for tree_id, done in zip(tree_ids, counted, strict=True) if not done]
 
     # --- events and decisions -------------------------------------------------------------------
 
@@ -495,6 +537,14 @@ def _stored_tree(
         },
         predictions={key: float(value) for key, value in _pairs(predictions).items()},
     )
+
+
+def _remembered(value: str) -> tuple[str, str]:
+    """A remembered (fingerprint, response); responses remembered before fingerprints have none ("")."""
+    if value.startswith("{"):
+        return "", value
+    fingerprint, _, body = value.partition(" ")
+    return fingerprint, body
 
 
 def _pairs(flat: list[Any]) -> dict[str, str]:

@@ -60,7 +60,7 @@ for i = 1, #events do
   if redis.call('SISMEMBER', events_key, event_id) == 1 then
     results[i] = {208, 'duplicate event'}
   elseif existing then
-    if existing.sig == signature then
+    if existing.sig == signature and existing.t == text and existing.f == features then
       redis.call('SADD', events_key, event_id)
       results[i] = {208, 'node ' .. node_id .. ' was already reported'}
     else

@@ -1,11 +1,15 @@
--- Add one finished tree's bare-rollout group to its prompt's outcome history, once per tree.
--- KEYS: the job's prompt-outcome hash, the job's set of trees already counted.
--- ARGV: prompt_id, successes, trials, ttl, tree_id.  Returns 1 if counted now, 0 if counted before.
+-- Count one finished tree, once: its bare-rollout group joins its prompt's outcome history and its
+-- figures join its step's totals.
+-- KEYS: the job's prompt-outcome hash, the job's set of trees already counted, the job's step totals.
+-- ARGV: prompt_id, successes, trials, ttl, tree_id, step, then figure name and value pairs.
+-- Returns 1 if counted now, 0 if counted before.
 -- The value is "successes,trials,streak"; streak counts the latest groups in a row with one outcome only.
-local key, counted_key, prompt_id = KEYS[1], KEYS[2], ARGV[1]
+local key, counted_key, totals_key, prompt_id = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
 local successes, trials, ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 if redis.call('SADD', counted_key, ARGV[5]) == 0 then return 0 end
 redis.call('EXPIRE', counted_key, ttl)
+for i = 7, #ARGV, 2 do redis.call('HINCRBY', totals_key, ARGV[6] .. ':' .. ARGV[i], ARGV[i + 1]) end
+redis.call('EXPIRE', totals_key, ttl)
 local s, n, streak = 0, 0, 0
 local before = redis.call('HGET', key, prompt_id)
 if before then
