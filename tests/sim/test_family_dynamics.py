@@ -1,6 +1,5 @@
 """The policy families' stated probabilities are exact: at roots, at deep prefixes, turn by turn."""
 
-import itertools
 import math
 import time
 
@@ -163,21 +162,29 @@ def test_a_toolcall_fatal_error_ends_the_chance_of_success() -> None:
     assert fatal > 50 and recoverable > 50 and still_possible > 25
 
 
-def test_prefixes_move_the_odds_least_in_math() -> None:
-    """Mean |p' − p| per non-final turn: a maths step moves the odds little, a found or missed document
-    or a tool response a lot."""
-    moves = {}
+def test_prefixes_tell_least_in_math_and_most_in_multihop() -> None:
+    """The share of the outcome's variance that is resolved before the final turn,
+    Σ (p_{T−1} − p_0)² / Σ p_0(1 − p_0) over rollouts of in-between tasks: a maths rollout is decided
+    by its answer, a multi-hop one largely by the documents found on the way."""
+    resolved = {}
     for family in POLICY_FAMILIES:
-        workload = policy_workload(family, seed=4, prompts=256)
-        starts = [workload.start(prompt.prompt_id) for prompt in workload.prompts for _ in range(4)]
-        steps = [
-            abs(after.p - before.p)
-            for start, trajectory in zip(starts, workload.run(starts, np.random.default_rng(2)), strict=True)
-            for before, after in itertools.pairwise((start, *trajectory[:-1]))
+        workload = policy_workload(family, seed=4, prompts=1024)
+        middle = [
+            prompt.prompt_id
+            for prompt in workload.prompts
+            if 0.1 <= workload.true_success(prompt.prompt_id) <= 0.9
         ]
-        moves[family] = float(np.mean(steps))
-    assert moves["math"] < 0.5 * moves["multihop"]
-    assert moves["math"] < 0.5 * moves["toolcall"]
+        starts = [workload.start(prompt_id) for prompt_id in middle for _ in range(8)]
+        trajectories = workload.run(starts, np.random.default_rng(2))
+        before_answer = [
+            trajectory[-2].p if len(trajectory) > 1 else start.p
+            for start, trajectory in zip(starts, trajectories, strict=True)
+        ]
+        resolved[family] = sum(
+            (p - start.p) ** 2 for p, start in zip(before_answer, starts, strict=True)
+        ) / sum(start.p * (1 - start.p) for start in starts)
+    assert resolved["math"] < 0.1 < resolved["toolcall"] < resolved["multihop"]
+    assert resolved["multihop"] > 0.3
 
 
 @pytest.mark.parametrize("family", POLICY_FAMILIES)

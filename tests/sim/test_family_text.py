@@ -117,10 +117,11 @@ def test_math_turns_are_steps_then_an_answer_with_noisy_verdicts() -> None:
 
 
 def test_multihop_turns_are_searches_with_documents_then_an_answer() -> None:
-    """A found document holds relevance cues at 1 − document_flip, a missed one at document_flip."""
+    """A found document holds relevance cues at 1 − document_flip, a missed one at document_flip, a
+    misleading one (on track, or any "find" once derailed) at misled_relevance."""
     workload, pairs = rolled_steps("multihop")
     position = {prompt.prompt_id: index for index, prompt in enumerate(workload.prompts)}
-    by_outcome: dict[bool, list[str]] = {True: [], False: []}
+    documents: dict[str, list[str]] = {"found": [], "missed": [], "misled": []}
     for before, after in pairs:
         text = after.history[-1].text
         if after.done:
@@ -129,12 +130,26 @@ def test_multihop_turns_are_searches_with_documents_then_an_answer() -> None:
         query, document = text.split("\n")
         assert re.fullmatch(r"search \w+ [A-Z]\w+ \w+", query)
         assert re.fullmatch(r"doc [A-Z]\w+:( \w+)*", document)
-        if before.latent[0] < workload.hops[position[after.prompt_id]]:  # a document was still to find
-            by_outcome[after.latent[0] > before.latent[0]].append(document)
+        derailed_before, derailed_after = workload.is_derailed(np.array([before.latent[0], after.latent[0]]))
+        believed_before, believed_after = workload.believed_documents(
+            np.array([before.latent[0], after.latent[0]])
+        )
+        if derailed_after and (not derailed_before or believed_after > believed_before):
+            documents["misled"].append(document)
+        elif believed_after > believed_before:
+            documents["found"].append(document)
+        elif before.latent[0] < workload.hops[position[after.prompt_id]] or derailed_before:
+            documents["missed"].append(document)  # a document was still to find, and was not
     relevant, irrelevant = class_words(workload, "relevant"), class_words(workload, "irrelevant")
-    flip = workload.config.document_flip
-    assert abs(cue_share(by_outcome[True], relevant, irrelevant) - (1 - flip)) < 0.05
-    assert abs(cue_share(by_outcome[False], relevant, irrelevant) - flip) < 0.05
+    config = workload.config
+    expected = {
+        "found": 1 - config.document_flip,
+        "missed": config.document_flip,
+        "misled": config.misled_relevance,
+    }
+    for outcome, share in expected.items():
+        assert len(documents[outcome]) > 200
+        assert abs(cue_share(documents[outcome], relevant, irrelevant) - share) < 0.05, outcome
 
 
 def test_toolcall_turns_are_json_calls_and_responses() -> None:

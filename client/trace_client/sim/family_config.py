@@ -117,16 +117,21 @@ MULTIHOP_DIFFICULTY = (
 
 @dataclass(frozen=True, slots=True)
 class MultihopConfig:
-    """Multi-hop question answering: search turns that find (or miss) the next document, then an answer.
+    """Multi-hop question answering: search turns that find, miss or are misled by the next document,
+    then an answer.
 
     A question of kind u needs h(u) = `min_hops` + (u mod (`max_hops` − `min_hops` + 1)) documents.
     Actions 0 … `search_styles` − 1 search; the last action answers (so does every action on the last
-    turn). With f documents found, g(a) = [a is the kind's right style for hop f] − 1/search_styles:
+    turn). With f documents found, g(a) = [a is the kind's right style for hop f] − 1/search_styles and
+    q = σ(z + b + style_bonus · g(a)), a search finds the next document with probability q, else is
+    misled with probability `mislead_rate` (a wrong bridge entity that looks like progress: the rollout
+    is derailed and follows the wrong chain from then on) or misses (nothing new; so does any search once
+    all h are found). An answer is right with probability
 
-        P(found | search, f < h) = σ(z + b + style_bonus · g(a)),     (f ≥ h: nothing new)
-        P(right | answer)        = σ(z + b + answer_bias − missing_penalty · (h − f)⁺).
+        σ(z + b + answer_bias − missing_penalty · (h − f)⁺)   on track,
+        σ(z + b + answer_bias − derail_penalty)                derailed.
 
-    Finding or missing a document moves the odds a lot; answering early is usually wrong.
+    Finding or being misled by a document moves the odds a lot; answering early is usually wrong.
     """
 
     prompts: int = 2048
@@ -140,6 +145,8 @@ class MultihopConfig:
     style_bonus: float = 1.5
     answer_bias: float = 1.5
     missing_penalty: float = 3.0
+    mislead_rate: float = 0.35
+    derail_penalty: float = 5.0
     # The default policy's answer logit by documents found (searches have logit 0): a base model that
     # rarely answers before two documents and usually after three, so four-hop questions are often
     # answered too early and two-hop ones searched on for nothing.
@@ -150,7 +157,8 @@ class MultihopConfig:
     vocabulary_seed: int = 0
     # Text: prompts hold graded prominence words, graded by z plus a per-prompt offset N(0, `text_bias`²)
     # and per-word `level_noise` (strong signal); a found document names the bridge entity and holds
-    # relevance words, all of a document's flipped with `document_flip`.
+    # relevance words, all of a document's flipped with `document_flip`; a misleading one looks relevant
+    # with probability `misled_relevance`.
     prompt_words: tuple[int, int] = (6, 24)
     prompt_signal_rate: float = 0.3
     level_noise: float = 1.0
@@ -158,6 +166,7 @@ class MultihopConfig:
     document_words: tuple[int, int] = (6, 18)
     relevance_rate: float = 0.4
     document_flip: float = 0.1
+    misled_relevance: float = 0.6
 
     def __post_init__(self) -> None:
         _check_common(self.prompts, self.difficulty, self.learning_rate)
@@ -174,6 +183,9 @@ class MultihopConfig:
         )
         _check_probability("kind_noise", self.kind_noise)
         _require(self.missing_penalty >= 0, "missing_penalty must be non-negative")
+        _require(self.derail_penalty >= 0, "derail_penalty must be non-negative")
+        _check_probability("mislead_rate", self.mislead_rate)
+        _check_probability("misled_relevance", self.misled_relevance)
         _check_probability("prompt_signal_rate", self.prompt_signal_rate)
         _check_probability("relevance_rate", self.relevance_rate)
         _require(0.0 <= self.document_flip <= 0.5, "document_flip must lie in [0, 0.5]")

@@ -1,15 +1,17 @@
 """Family "multihop": multi-hop question answering — search turns, then an answer (see `MultihopConfig`).
 
-Latent state: f, the number of documents found so far (0 … max_hops), then SUCCESS / FAILURE. A search
-finds the next document or misses it (nothing new once all h are found); an answer is right or wrong;
-every action of the last turn answers. The agent reads its visible question kind and f (context =
-visible kind × f); the right search style depends on the true kind and the hop, right(u, f) =
-(u + f) mod search_styles.
+Latent state: on track with f documents found (index f, 0 … max_hops), derailed believing f found
+(index max_hops + f, f = 1 … max_hops), then SUCCESS / FAILURE. A search finds the next document
+(f + 1), misses (f; also any search once all h are found) or is misled (derailed at f + 1); a derailed
+search "finds" along the wrong chain or misses; an answer is right or wrong; every action of the last
+turn answers. The agent reads its visible question kind and the documents it believes found (context =
+visible kind × f, the same on track or derailed: it cannot tell); the right search style depends on
+the true kind and the hop, right(u, f) = (u + f) mod search_styles.
 
 Text: "question: <relation> of … of <Entity>? <words>" (one relation per hop, from the visible kind's
 relations; graded prominence words), turns "search <style> <Entity> <relation>" then "doc <Title>:
-<snippet>" (a found document's title is the bridge entity and its snippet holds relevance cues) or
-"final answer: <Entity>".
+<snippet>" (a found document's title is the bridge entity and its snippet holds relevance cues; a
+misleading one names a wrong entity with cues that often look relevant) or "final answer: <Entity>".
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ _PROMINENCE_LEVELS = 7
 _LEVEL_SPAN = 4.0
 _RELATIONS_PER_KIND = 4
 _ENTITIES = 1500
-_FOUND, _MISSED = 0, 1
+# Outcome indices: of a search, and of an answer (whose third outcome has probability 0).
+_FOUND, _MISSED, _MISLED = range(3)
 _RIGHT, _WRONG = 0, 1
 
 
@@ -73,7 +76,7 @@ class MultihopWorkload(TabularWorkload):
             seed=seed,
             prompts=config.prompts,
             max_turns=config.max_turns,
-            states=levels + 2,
+            states=2 * config.max_hops + 3,
             actions=config.actions,
             contexts=config.kinds * levels,
             theta=theta,
@@ -87,6 +90,15 @@ class MultihopWorkload(TabularWorkload):
     @property
     def answer_action(self) -> int:
         return self.config.search_styles
+
+    def believed_documents(self, state: IntArray) -> IntArray:
+        """The documents the agent believes found in each open latent state (on track or derailed)."""
+        max_hops = self.config.max_hops
+        return np.asarray(np.where(state > max_hops, state - max_hops, state), dtype=np.int64)
+
+    def is_derailed(self, state: IntArray) -> IntArray:
+        """Whether each latent state is a derailed one (a misleading document was taken for the next)."""
+        return np.asarray((state > self.config.max_hops) & (state < self.success_state), dtype=np.bool_)
 
     def right_style(self, kind: IntArray) -> IntArray:
         """right(u, f) = (u + f) mod search_styles, shape (len(kind), max_hops + 1)."""
@@ -107,42 +119,56 @@ class MultihopWorkload(TabularWorkload):
 
     def _next_states(self) -> IntArray:
         config = self.config
-        levels = config.max_hops + 1
-        found = np.arange(levels)
-        next_state = np.zeros((config.max_turns, self.states, config.actions, 2), dtype=np.int64)
-        next_state[:, :levels, :, _FOUND] = np.minimum(found + 1, config.max_hops)[:, None]
-        next_state[:, :levels, :, _MISSED] = found[:, None]
-        answers = next_state[:, :, self.answer_action]
-        answers[..., _RIGHT], answers[..., _WRONG] = self.success_state, self.failure_state
-        last = next_state[-1]
-        last[..., _RIGHT], last[..., _WRONG] = self.success_state, self.failure_state
+        max_hops = config.max_hops
+        found = np.arange(max_hops + 1)
+        further = np.minimum(found + 1, max_hops)
+        derailed = slice(max_hops + 1, 2 * max_hops + 1)  # believing 1 … max_hops documents found
+        next_state = np.zeros((config.max_turns, self.states, config.actions, 3), dtype=np.int64)
+        next_state[:, : max_hops + 1, :, _FOUND] = further[:, None]
+        next_state[:, : max_hops + 1, :, _MISSED] = found[:, None]
+        next_state[:, : max_hops + 1, :, _MISLED] = (max_hops + further)[:, None]
+        next_state[:, derailed, :, _FOUND] = (max_hops + further[1:])[:, None]
+        next_state[:, derailed, :, _MISSED] = (max_hops + found[1:])[:, None]
+        next_state[:, derailed, :, _MISLED] = (max_hops + found[1:])[:, None]
+        for answering in (next_state[:, :, self.answer_action], next_state[-1]):
+            answering[..., _RIGHT], answering[..., _WRONG] = self.success_state, self.failure_state
+            answering[..., 2] = self.failure_state
         return next_state
 
     def _context_table(self) -> IntArray:
         levels = self.config.max_hops + 1
-        found = np.minimum(np.arange(self.states), levels - 1)
-        context = self.visible_kind[:, None] * levels + found[None, :]
+        believed = np.minimum(self.believed_documents(np.arange(self.states)), levels - 1)
+        context = self.visible_kind[:, None] * levels + believed[None, :]
         return np.repeat(context[None], self.config.max_turns, axis=0).astype(np.int64)
 
     def _transition_probabilities(self, tasks: IntArray) -> FloatArray:
         config = self.config
-        levels = config.max_hops + 1
-        styles = config.search_styles
+        max_hops, styles = config.max_hops, config.search_styles
+        open_states = 2 * max_hops + 1
+        # Axes: (task, open latent state, search style).
+        state = np.arange(open_states)
+        believed = self.believed_documents(state)[None, :]
+        derailed = self.is_derailed(state)[None, :]
         logit = (self.difficulty[tasks] + self._competence[tasks])[:, None]
-        found = np.arange(levels)[None, :]
         hops = self.hops[tasks][:, None]
-        right = self.right_style(self.kind[tasks])[:, :, None] == np.arange(styles)[None, None, :]
+        right = self.right_style(self.kind[tasks])[:, believed[0]][:, :, None] == np.arange(styles)
         find = sigmoid(logit[:, :, None] + config.style_bonus * (right - 1.0 / styles))
-        find = np.where((found < hops)[:, :, None], find, 0.0)  # (tasks, levels, styles)
-        missing = np.maximum(hops - found, 0)
-        answer = sigmoid(logit + config.answer_bias - config.missing_penalty * missing)  # (tasks, levels)
-        probabilities = np.zeros((config.max_turns, tasks.shape[0], self.states, config.actions, 2))
-        probabilities[:, :, :levels, :styles, _FOUND] = find
-        probabilities[:, :, :levels, :styles, _MISSED] = 1 - find
-        probabilities[:, :, :levels, styles, _RIGHT] = answer
-        probabilities[:, :, :levels, styles, _WRONG] = 1 - answer
-        probabilities[-1, :, :levels, :, _RIGHT] = answer[:, :, None]
-        probabilities[-1, :, :levels, :, _WRONG] = 1 - answer[:, :, None]
+        # On track, nothing is left to find once all h documents are; derailed, the wrong chain goes on.
+        searching = np.where(derailed, believed < max_hops, believed < hops)[:, :, None]
+        find = np.where(searching, find, 0.0)
+        misled = np.where(searching & ~derailed[:, :, None], (1 - find) * config.mislead_rate, 0.0)
+        missing = np.maximum(hops - believed, 0)
+        penalty = np.where(derailed, config.derail_penalty, config.missing_penalty * missing)
+        answer = sigmoid(logit + config.answer_bias - penalty)  # (tasks, open states)
+        probabilities = np.zeros((config.max_turns, tasks.shape[0], self.states, config.actions, 3))
+        probabilities[:, :, :open_states, :styles, _FOUND] = find
+        probabilities[:, :, :open_states, :styles, _MISLED] = misled
+        probabilities[:, :, :open_states, :styles, _MISSED] = 1 - find - misled
+        probabilities[:, :, :open_states, styles, _RIGHT] = answer
+        probabilities[:, :, :open_states, styles, _WRONG] = 1 - answer
+        probabilities[-1, :, :open_states, :, _RIGHT] = answer[:, :, None]
+        probabilities[-1, :, :open_states, :, _WRONG] = 1 - answer[:, :, None]
+        probabilities[-1, :, :open_states, :, _MISLED] = 0.0
         return probabilities
 
     def _prompt_texts(self, rng: np.random.Generator) -> list[str]:
@@ -179,24 +205,23 @@ class MultihopWorkload(TabularWorkload):
         config = self.config
         count = draw.tasks.shape[0]
         lexicon = self.lexicon
-        found_level = draw.before  # an unfinished state: 0 … max_hops documents found
+        believed = self.believed_documents(draw.before)
+        on_track = ~self.is_derailed(draw.before)
         answered = (draw.action == self.answer_action) | (draw.turn == config.max_turns - 1)
-        found = ~answered & (draw.after > draw.before)
+        searched = ~answered
+        found = searched & on_track & (draw.outcome == _FOUND)
+        misled = searched & ((draw.outcome == _MISLED) | (~on_track & (draw.outcome == _FOUND)))
         # A search after all hops are found brings a redundant document: no cue either way.
-        redundant = ~answered & (found_level >= self.hops[draw.tasks])
-        query_entities = self._entities(self._chain[draw.tasks, found_level])
+        redundant = searched & on_track & (believed >= self.hops[draw.tasks])
+        # Derailed, the agent queries and answers along a wrong chain of random entities.
+        wrong = rng.integers(0, _ENTITIES, (3, count))
+        query_entities = self._entities(np.where(on_track, self._chain[draw.tasks, believed], wrong[0]))
         titles = self._entities(
-            np.where(
-                found,
-                self._chain[draw.tasks, np.minimum(found_level + 1, config.max_hops)],
-                rng.integers(0, _ENTITIES, count),
-            )
+            np.where(found, self._chain[draw.tasks, np.minimum(believed + 1, config.max_hops)], wrong[1])
         )
         answers = self._entities(
             np.where(
-                draw.after == self.success_state,
-                self._chain[draw.tasks, self.hops[draw.tasks]],
-                rng.integers(0, _ENTITIES, count),
+                draw.after == self.success_state, self._chain[draw.tasks, self.hops[draw.tasks]], wrong[2]
             )
         )
         relations = lexicon.of(
@@ -204,7 +229,11 @@ class MultihopWorkload(TabularWorkload):
             _RELATIONS_PER_KIND * self.visible_kind[draw.tasks] + rng.integers(0, _RELATIONS_PER_KIND, count),
         )
         styles = lexicon.of("style", np.minimum(draw.action, config.search_styles - 1))
-        shown_relevant = found ^ (rng.random(count) < config.document_flip)
+        shown_relevant = np.where(
+            misled,
+            rng.random(count) < config.misled_relevance,
+            found ^ (rng.random(count) < config.document_flip),
+        )
         lengths = uniform_lengths(config.document_words, count, rng)
         snippets = lexicon.segments(
             lengths,
