@@ -50,9 +50,11 @@ class TreePath:
 
 @dataclass(frozen=True, slots=True)
 class TokenTrajectory:
-    """A path as tokens: every response token carries its turn's advantage and a loss-mask bit."""
+    """A path as tokens: every response token carries its turn's advantage and a loss-mask bit; `root_id`
+    is the path's first turn (the bare rollout it starts from)."""
 
     group: str
+    root_id: str
     leaf_id: str
     prompt_ids: tuple[int, ...]
     response_ids: tuple[int, ...]
@@ -138,6 +140,7 @@ def token_trajectories(
             trajectories.append(
                 TokenTrajectory(
                     group=path.group,
+                    root_id=path.segments[0].node_id,
                     leaf_id=path.leaf_id,
                     prompt_ids=prompt_ids,
                     response_ids=tuple(response),

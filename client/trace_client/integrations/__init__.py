@@ -1,0 +1,9 @@
+"""Integrations: TRACE wired into a trainer's own extension points, so its stock training loop runs with
+TRACE's allocation and advantages.
+
+- `verl`: verl's v1 trainer (`trainer.use_v1`), through its agent-loop manager, agent-loop and
+  advantage-estimator registries (needs verl installed: `pip install 'trace-rollout[verl]'`).
+
+The adapters (`trace_client.adapters`) only convert finished trees into a framework's batch format; an
+integration also runs the trees where the framework hands out its prompts.
+"""

@@ -1,0 +1,556 @@
+"""TRACE in verl's v1 trainer (`trainer.use_v1: true`, verl 0.9.1): the stock `PPOTrainerSync.fit` trains
+on TRACE's trees with TRACE's per-turn advantages.
+
+What is registered, and where verl calls it:
+
+1. `TraceAgentLoopManager` (`actor_rollout_ref.rollout.agent.agent_loop_manager_class`). The trainer
+   hands it each step's prompt batch; it sends the batch to `/v1/allocate` as the pool, with a stable
+   `prompt_id` per row (verl's `uid` is new every step, so it cannot key the predictor), and sets each
+   row's `__rollout_n__` (verl's per-prompt rollout count) to the tree's bare rollouts, 0 for a prompt
+   TRACE skipped. The row's `agent_name` becomes `trace` and the tree's allocation travels with it.
+2. `TraceAgentLoop` (agent loop `trace`). verl runs one session per bare rollout. The sessions of one
+   prompt share one tree: the first to arrive runs it with `RolloutDriver.run_tree` (bare rollouts,
+   Stage 2 continuations) and each session returns the root-to-leaf paths that start at its own bare
+   rollout, so a continuation is one more trajectory (`{uid}_{session}_{k}`) of the prompt's group.
+   Each path's `rm_scores` carry TRACE's per-token advantage; its leaf reward is kept in
+   `extra_fields["trace_reward"]`. A path longer than `rollout.response_length` is cut to it (verl's
+   own loops do the same), and counted in `extra_fields["trace_truncated"]`.
+3. The advantage estimator `trace` (`algorithm.adv_estimator: trace`), registered with verl's estimator
+   registry when this module is imported: it passes `token_level_rewards · response_mask` through, so
+   the actor trains on exactly the tree's advantages.
+
+`trace_overrides()` gives the Hydra overrides that switch this on; `TraceSettings` documents the
+`trace.*` keys. The default turn is a chunk of at most `trace.turn_tokens` generated tokens (so a
+single-answer task still gets branch points inside its answer) scored by verl's reward function
+(`reward.custom_reward_function`, else verl's rule-based `default_compute_score`); override
+`TraceAgentLoop.next_turn` and `score` for a tool-using agent.
+
+Limits: the metrics verl derives from `rm_scores` (`critic/score/*`, `critic/rewards/*`) sum the
+advantages, not the rewards; read `trace_reward`. `algorithm.use_kl_in_reward` would add a KL term to
+the advantages, so the overrides turn it off. One driver runs per agent-loop worker process, all trees
+of a step under one job: an instruction that a worker claims for another worker's tree (only after an
+answer was lost) waits for the service's `lease_seconds`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from importlib import resources
+from typing import Any, Final
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+from tensordict import NonTensorData, NonTensorStack, TensorDict
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
+from verl.trainer.ppo import core_algos
+from verl.trainer.ppo.v1 import AgentLoopManagerTQ
+
+from trace_client import AsyncTraceClient, TraceClient
+from trace_client.adapters.trajectories import TokenTrajectory, token_trajectories
+from trace_client.driver import DriverConfig, FinishedTree, History, RolloutDriver, TurnResult, TurnTokens
+from trace_proto import AllocateRequest, Policy, PromptIn, TreeAllocation
+
+#: The estimator's and the agent loop's name in verl's registries.
+TRACE: Final = "trace"
+#: Row fields the manager adds to the batch (they reach the agent loop and TransferQueue).
+TREE_FIELD: Final = "trace_tree"
+PROMPT_ID_FIELD: Final = "trace_prompt_id"
+#: verl's own per-row fields: the rollout count and the agent loop that runs the row.
+ROLLOUT_N_FIELD: Final = "__rollout_n__"
+AGENT_NAME_FIELD: Final = "agent_name"
+#: The agent-loop registry file shipped with this package (verl's `agent_loop_config_path`).
+AGENT_LOOPS_FILE: Final = "agent_loops.yaml"
+
+
+# --- the advantage estimator ---------------------------------------------------------------------------
+
+
+def trace_advantages(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, **_: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl advantage estimator `trace`: the rows' `rm_scores` already are TRACE's per-token advantages
+    (see `TraceAgentLoopOutput`), so `A = token_level_rewards · response_mask`, and the returns equal A."""
+    advantages = token_level_rewards * response_mask
+    return advantages, advantages.clone()
+
+
+def register_trace_estimator() -> None:
+    """Register `trace_advantages` as verl's estimator `trace` (done on import; calling again is a no-op)."""
+    if core_algos.ADV_ESTIMATOR_REGISTRY.get(TRACE) is not trace_advantages:
+        core_algos.register_adv_est(TRACE)(trace_advantages)
+
+
+register_trace_estimator()
+
+
+# --- settings and overrides ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TraceSettings:
+    """The `trace.*` section of verl's config (add it with `+trace.<key>=...`).
+
+    Args:
+        url: The trace-rollout service.
+        token: Its bearer token, if it needs one (else the `TRACE_TOKEN` environment variable).
+        job: The service's job name (default: `trainer.experiment_name`, made a valid job name).
+        budget: Bare rollouts per step (default: `data.train_batch_size × rollout.n`, GRPO's count).
+        expansion: Stage 2 continuations per bare rollout a prompt may branch.
+        policy: `trace` or `uniform` (the same budget spread evenly: the baseline).
+        min_rollouts / max_rollouts: Bare rollouts of a selected prompt.
+        prompt_id_key: The row field that names a prompt across steps (default: `data_source` and
+            `index` together, else a hash of the prompt's messages).
+        turn_tokens: The default turn: at most this many generated tokens.
+        max_turns: A rollout that has not ended after this many turns fails.
+        concurrency: Rollouts in flight at once in one agent-loop worker.
+        tree_timeout: Seconds one tree may take; past it the tree is closed with what it has.
+        agent_loop: The registered agent loop that runs the trees (`trace`, or a subclass of
+            `TraceAgentLoop` registered under another name, such as the dry run's `trace_sim`).
+    """
+
+    url: str = "http://localhost:8000"
+    token: str | None = None
+    job: str | None = None
+    budget: int | None = None
+    expansion: float = 2.0
+    policy: str = "trace"
+    min_rollouts: int = 2
+    max_rollouts: int = 16
+    prompt_id_key: str | None = None
+    turn_tokens: int = 256
+    max_turns: int = 64
+    concurrency: int = 64
+    tree_timeout: float = 3600.0
+    agent_loop: str = TRACE
+
+    @classmethod
+    def from_config(cls, config: DictConfig) -> TraceSettings:
+        section = config.get(TRACE) or {}
+        container = (
+            OmegaConf.to_container(section, resolve=True) if isinstance(section, DictConfig) else section
+        )
+        if not isinstance(container, dict):
+            raise ValueError(f"the trace section must be a mapping, got {container!r}")
+        values = {str(key): value for key, value in container.items()}
+        known = {item.name for item in fields(cls)}
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(f"unknown trace settings {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**values)
+
+    def job_name(self, config: DictConfig) -> str:
+        name = self.job or str(config.trainer.get("experiment_name") or "verl")
+        return "".join(c if c.isalnum() or c in "_.-" else "-" for c in name)[:64]
+
+    def step_budget(self, config: DictConfig) -> int:
+        if self.budget is not None:
+            return self.budget
+        return int(config.data.train_batch_size) * int(config.actor_rollout_ref.rollout.n)
+
+    def driver_config(self) -> DriverConfig:
+        return DriverConfig(
+            concurrency=self.concurrency, max_turns=self.max_turns, step_timeout=self.tree_timeout
+        )
+
+    def service_token(self) -> str | None:
+        return self.token or os.environ.get("TRACE_TOKEN")
+
+
+def agent_loops_file() -> str:
+    """The absolute path of the agent-loop registry file that lists `trace` for verl's workers."""
+    return str(resources.files(__package__).joinpath(AGENT_LOOPS_FILE))
+
+
+def trace_overrides(url: str = "http://localhost:8000", **settings: object) -> list[str]:
+    """The Hydra overrides for `python -m verl.trainer.main_ppo` that train with TRACE.
+
+    `settings` are further `trace.*` keys (see `TraceSettings`), e.g. `expansion=1.0`.
+    """
+    known = {item.name for item in fields(TraceSettings)}
+    for name in settings:
+        if name not in known:
+            raise ValueError(f"unknown trace setting {name!r}")
+    overrides = [
+        "trainer.use_v1=true",
+        "trainer.v1.trainer_mode=sync",
+        f"algorithm.adv_estimator={TRACE}",
+        "algorithm.use_kl_in_reward=false",
+        f"++actor_rollout_ref.rollout.agent.agent_loop_manager_class={__name__}.TraceAgentLoopManager",
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_loops_file()}",
+        f"++trace.url={url}",
+    ]
+    overrides += [f"++trace.{name}={value}" for name, value in settings.items()]
+    return overrides
+
+
+# --- the manager: one allocation per step ----------------------------------------------------------------
+
+
+def stable_prompt_id(row: Mapping[str, Any], key: str | None = None) -> str:
+    """The name of a batch row's prompt that stays the same from step to step.
+
+    `key` names the row field that holds it; by default `data_source` and `index` (verl's
+    `extra_info.index`) together when the row has an index, else a hash of the prompt's messages.
+    """
+    if key is not None:
+        return str(_plain(row[key]))
+    if "index" in row and "data_source" in row:
+        return f"{_plain(row['data_source'])}:{_plain(row['index'])}"
+    messages = json.dumps(_plain(row["raw_prompt"]), sort_keys=True, default=str)
+    return "sha1:" + hashlib.sha1(messages.encode()).hexdigest()
+
+
+def prompt_text(row: Mapping[str, Any]) -> str | None:
+    """The prompt's messages as one text, for the service's predictor."""
+    messages = _plain(row.get("raw_prompt"))
+    if not isinstance(messages, list):
+        return None
+    return "\n".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+
+
+@dataclass(frozen=True)
+class TreeTicket:
+    """What a batch row carries to the agent loop: the tree allocated for it, in its job and step."""
+
+    job: str
+    step: int
+    prompt: PromptIn
+    tree: TreeAllocation
+
+    def dumps(self) -> str:
+        return json.dumps(
+            {
+                "job": self.job,
+                "step": self.step,
+                "prompt": self.prompt.model_dump(mode="json"),
+                "tree": self.tree.model_dump(mode="json"),
+            }
+        )
+
+    @classmethod
+    def loads(cls, text: str) -> TreeTicket:
+        data = json.loads(text)
+        return cls(
+            data["job"],
+            data["step"],
+            PromptIn.model_validate(data["prompt"]),
+            TreeAllocation.model_validate(data["tree"]),
+        )
+
+
+@dataclass(frozen=True)
+class BatchAllocation:
+    """One step's allocation over a batch: per row its prompt's stable id and its tree's ticket (None for
+    a prompt TRACE skipped, and for the second and later rows of a prompt the batch repeats)."""
+
+    request: AllocateRequest
+    prompt_ids: list[str]
+    tickets: list[TreeTicket | None]
+
+
+def allocate_batch(batch: TensorDict, config: DictConfig, client: TraceClient, step: int) -> BatchAllocation:
+    """Allocate one step with the batch's prompts as the pool."""
+    settings = TraceSettings.from_config(config)
+    rows = [_row(batch, i) for i in range(len(batch))]
+    ids = [stable_prompt_id(row, settings.prompt_id_key) for row in rows]
+    pool: dict[str, PromptIn] = {}
+    for prompt_id, row in zip(ids, rows, strict=True):
+        pool.setdefault(prompt_id, PromptIn(prompt_id=prompt_id, text=prompt_text(row)))
+    request = AllocateRequest(
+        job=settings.job_name(config),
+        step=step,
+        budget=settings.step_budget(config),
+        expansion=settings.expansion,
+        min_rollouts=settings.min_rollouts,
+        max_rollouts=settings.max_rollouts,
+        policy=Policy(settings.policy),
+        prompts=list(pool.values()),
+    )
+    allocation = client.allocate(request)
+    trees = {tree.prompt_id: tree for tree in allocation.trees}
+    tickets: list[TreeTicket | None] = []
+    for prompt_id in ids:
+        tree = trees.pop(prompt_id, None)
+        tickets.append(
+            None if tree is None else TreeTicket(allocation.job, allocation.step, pool[prompt_id], tree)
+        )
+    return BatchAllocation(request, ids, tickets)
+
+
+class TraceAgentLoopManager(AgentLoopManagerTQ):
+    """verl's TransferQueue agent-loop manager, with one TRACE allocation per training step.
+
+    Validation batches pass through unchanged (they run the configured default agent loop).
+    """
+
+    def __init__(self, config: DictConfig, *args: Any, **kwargs: Any) -> None:
+        agent = config.actor_rollout_ref.rollout.agent
+        if not agent.get("agent_loop_config_path"):
+            with open_dict(config):
+                agent.agent_loop_config_path = agent_loops_file()
+        super().__init__(config, *args, **kwargs)
+        settings = TraceSettings.from_config(config)
+        self.trace_client = TraceClient(settings.url, token=settings.service_token())
+
+    def generate_sequences(self, prompts: TensorDict) -> None:
+        if "validate" not in prompts or not _plain(prompts["validate"]):
+            annotate_batch(prompts, self.config, self.trace_client)
+        super().generate_sequences(prompts)
+
+
+def annotate_batch(batch: TensorDict, config: DictConfig, client: TraceClient) -> BatchAllocation:
+    """Allocate the batch's step and write, per row, its rollout count, agent loop, prompt id and ticket.
+
+    A skipped row gets 0 rollouts: verl registers it, runs nothing and the replay buffer finds an empty
+    group (no trajectory, no update).
+    """
+    step = int(_plain(batch["global_steps"])) if "global_steps" in batch else 0
+    allocation = allocate_batch(batch, config, client, step)
+    tickets = allocation.tickets
+    default_agent = config.actor_rollout_ref.rollout.agent.default_agent_loop
+    tree_agent = TraceSettings.from_config(config).agent_loop
+    batch[ROLLOUT_N_FIELD] = torch.tensor([0 if t is None else t.tree.rollouts for t in tickets])
+    batch[AGENT_NAME_FIELD] = NonTensorStack.from_list(
+        [default_agent if t is None else tree_agent for t in tickets]
+    )
+    batch[TREE_FIELD] = NonTensorStack.from_list(["" if t is None else t.dumps() for t in tickets])
+    batch[PROMPT_ID_FIELD] = NonTensorStack.from_list(allocation.prompt_ids)
+    return allocation
+
+
+# --- the agent loop: one tree per prompt, one bare rollout per session ----------------------------------
+
+
+class TraceAgentLoopOutput(AgentLoopOutput):
+    """An `AgentLoopOutput` whose `rm_scores` are TRACE's per-token advantages (what the `trace`
+    estimator passes through), not the reward at the last token."""
+
+    token_advantages: list[float]
+
+    def as_dict(self) -> dict[str, Any]:
+        output: dict[str, Any] = super().as_dict()
+        advantages = torch.tensor(output.pop("token_advantages"), dtype=torch.float32)
+        output["rm_scores"] = advantages * output["response_mask"]
+        return output
+
+
+def path_output(trajectory: TokenTrajectory, response_length: int) -> TraceAgentLoopOutput:
+    """One root-to-leaf path as verl's agent-loop output, cut to `response_length` tokens."""
+    keep = min(len(trajectory.response_ids), response_length)
+    logprobs = None if trajectory.logprobs is None else list(trajectory.logprobs[:keep])
+    return TraceAgentLoopOutput(
+        prompt_ids=list(trajectory.prompt_ids),
+        response_ids=list(trajectory.response_ids[:keep]),
+        response_mask=list(trajectory.loss_mask[:keep]),
+        response_logprobs=logprobs,
+        reward_score=trajectory.reward,
+        num_turns=trajectory.turns,
+        metrics=AgentLoopMetrics(),
+        token_advantages=list(trajectory.advantages[:keep]),
+        extra_fields={
+            "trace_reward": trajectory.reward,
+            "trace_leaf_id": trajectory.leaf_id,
+            "trace_tree_id": trajectory.group,
+            "trace_truncated": len(trajectory.response_ids) - keep,
+            # verl copies the last output's reward info onto a session's other outputs
+            "reward_extra_info": {},
+        },
+    )
+
+
+def session_outputs(
+    finished: FinishedTree, prompt_ids: Sequence[int], response_length: int
+) -> list[list[TraceAgentLoopOutput]]:
+    """The tree's paths as verl outputs, grouped by the bare rollout they start at (in node order)."""
+    roots = [node.node_id for node in finished.tree.nodes if node.parent_id is None]
+    sessions: list[list[TraceAgentLoopOutput]] = [
+        [] for _ in range(max(finished.allocation.rollouts, len(roots)))
+    ]
+    index = {root: k for k, root in enumerate(roots)}
+    for trajectory in token_trajectories([finished], lambda _: prompt_ids):
+        sessions[index[trajectory.root_id]].append(path_output(trajectory, response_length))
+    return sessions
+
+
+class _Trees:
+    """Per worker process: the trees in flight, each run once however many of its sessions ask."""
+
+    def __init__(self) -> None:
+        self.driver: RolloutDriver | None = None
+        self.loops: dict[str, TraceAgentLoop] = {}
+        self.runs: dict[str, asyncio.Task[list[list[TraceAgentLoopOutput]]]] = {}
+        self.sessions_left: dict[str, int] = {}
+
+    async def outputs(
+        self, loop: TraceAgentLoop, ticket: TreeTicket, session: int
+    ) -> list[TraceAgentLoopOutput]:
+        tree_id = ticket.tree.tree_id
+        run = self.runs.get(tree_id)
+        if run is None:
+            driver = self._driver(loop)
+            self.loops[tree_id] = loop
+            self.sessions_left[tree_id] = ticket.tree.rollouts
+            run = self.runs[tree_id] = asyncio.create_task(loop.run_tree(driver, ticket))
+        try:
+            sessions = await asyncio.shield(run)
+            return sessions[session] if session < len(sessions) else []
+        finally:
+            self.sessions_left[tree_id] -= 1
+            if self.sessions_left[tree_id] <= 0:
+                for books in (self.loops, self.runs, self.sessions_left):
+                    books.pop(tree_id, None)
+
+    def _driver(self, loop: TraceAgentLoop) -> RolloutDriver:
+        if self.driver is None:
+            settings = loop.trace_settings
+            client = AsyncTraceClient(settings.url, token=settings.service_token())
+            self.driver = RolloutDriver(
+                client, self._next_turn, score=self._score, config=settings.driver_config()
+            )
+        return self.driver
+
+    async def _next_turn(self, history: History) -> TurnResult:
+        return await self.loops[history.tree_id].next_turn(history)
+
+    async def _score(self, history: History) -> float:
+        return await self.loops[history.tree_id].score(history)
+
+
+_TREES = _Trees()
+
+
+class TraceAgentLoop(AgentLoopBase):
+    """verl agent loop `trace`: runs the row's tree (once per prompt) and returns this session's paths.
+
+    The default turn generates at most `trace.turn_tokens` tokens from the server; the rollout ends at
+    the end-of-sequence token or when `rollout.response_length` tokens are used. The reward is verl's
+    reward function on the decoded response. Subclass and override `next_turn` / `score` (and register
+    the subclass in an agent-loop file) for an agent with tools or another reward.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.trace_settings = TraceSettings.from_config(self.config)
+        self.response_length = int(self.rollout_config.response_length)
+        self.sampling_params: dict[str, Any] = {}
+        self.row: dict[str, Any] = {}
+        self.prompt_ids: list[int] = []
+        self._reward_fn: Any = None
+
+    # verl's TransferQueue worker takes a list (one output per trajectory), though the base annotates one
+    async def run(  # type: ignore[override]
+        self, sampling_params: dict[str, Any], **kwargs: Any
+    ) -> list[TraceAgentLoopOutput]:
+        ticket = TreeTicket.loads(str(_plain(kwargs[TREE_FIELD])))
+        self.sampling_params = dict(sampling_params)
+        self.row = {key: _plain(value) for key, value in kwargs.items()}
+        return await _TREES.outputs(self, ticket, int(kwargs["session_id"]))
+
+    async def run_tree(self, driver: RolloutDriver, ticket: TreeTicket) -> list[list[TraceAgentLoopOutput]]:
+        self.prompt_ids = await self.build_prompt_ids()
+        finished = await driver.run_tree(ticket.tree, ticket.prompt, job=ticket.job, step=ticket.step)
+        return session_outputs(finished, self.prompt_ids, self.response_length)
+
+    async def build_prompt_ids(self) -> list[int]:
+        """The prompt's token ids, through verl's tokenization path (chat template, prompt cap)."""
+        ids = await self.ct_build_initial_tokens(list(self.row["raw_prompt"]))
+        return list(self._cap_text_prompt_length(list(ids)))
+
+    async def next_turn(self, history: History) -> TurnResult:
+        """One chunk of generated tokens after the history's turns."""
+        used = sum(len(turn.tokens.ids) for turn in history.turns if turn.tokens is not None)
+        room = self.response_length - used
+        asked = max(1, min(self.trace_settings.turn_tokens, room))
+        context = [*self.prompt_ids, *(i for turn in history.turns if turn.tokens for i in turn.tokens.ids)]
+        params = {**self.sampling_params, "max_tokens": asked}
+        output = await self.server_manager.generate(
+            request_id=f"{history.tree_id}-{len(history.turns)}-{os.urandom(4).hex()}",
+            prompt_ids=context,
+            sampling_params=params,
+        )
+        ids = tuple(int(i) for i in output.token_ids)
+        tokenizer: Any = self.tokenizer
+        eos = tokenizer.eos_token_id
+        done = not ids or ids[-1] == eos or len(ids) < asked or used + len(ids) >= self.response_length
+        logprobs = tuple(float(x) for x in output.log_probs) if output.log_probs else None
+        return TurnResult(
+            text=tokenizer.decode(ids, skip_special_tokens=True),
+            done=done,
+            tokens=TurnTokens(ids, logprobs=logprobs),
+        )
+
+    async def score(self, history: History) -> float:
+        """verl's reward function on the whole response (`reward.custom_reward_function`, else verl's
+        rule-based `default_compute_score` for the row's `data_source`)."""
+        response = "".join(turn.text or "" for turn in history.turns)
+        ground_truth = (self.row.get("reward_model") or {}).get("ground_truth")
+        result = self._reward()(
+            self.row.get("data_source"), response, ground_truth, extra_info=self.row.get("extra_info")
+        )
+        if inspect.isawaitable(result):
+            result = await result
+        value = result["score"] if isinstance(result, dict) else result
+        return float(value)
+
+    def _reward(self) -> Any:
+        if self._reward_fn is None:
+            from verl.trainer.ppo.reward import get_custom_reward_fn
+            from verl.utils.reward_score import default_compute_score
+
+            self._reward_fn = get_custom_reward_fn(self.config) or default_compute_score
+        return self._reward_fn
+
+
+# --- small helpers ---------------------------------------------------------------------------------------
+
+
+def _row(batch: TensorDict, i: int) -> dict[str, Any]:
+    """Row `i` of a verl batch as plain values (what the agent-loop worker hands an agent loop)."""
+    row: dict[str, Any] = {}
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor):
+            row[key] = value[i]
+        elif isinstance(value, NonTensorStack):
+            row[key] = value[i].data
+        elif isinstance(value, NonTensorData):
+            row[key] = value.data
+    return row
+
+
+def _plain(value: Any) -> Any:
+    """numpy and torch scalars and arrays as Python values."""
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.numel() == 1 else value.tolist()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+__all__ = [
+    "TRACE",
+    "TraceAgentLoop",
+    "TraceAgentLoopManager",
+    "TraceAgentLoopOutput",
+    "TraceSettings",
+    "TreeTicket",
+    "allocate_batch",
+    "annotate_batch",
+    "path_output",
+    "register_trace_estimator",
+    "session_outputs",
+    "stable_prompt_id",
+    "trace_advantages",
+    "trace_overrides",
+]

@@ -1,0 +1,305 @@
+"""A dry run of the verl side on a CPU: the simulator generates the turns in place of the inference server,
+and everything else is verl's own (verl 0.9.1).
+
+What runs for real: verl's Hydra config (`ppo_trainer` with `trace_overrides()`), a local Ray cluster
+with TransferQueue, `TraceAgentLoopManager` creating verl's `AgentLoopWorkerTQ` actors (which load a
+byte-level tokenizer written to a temporary model directory, since nothing can be downloaded), verl's
+per-prompt `__rollout_n__` sessions, the registered agent loop `trace_sim` (`SimTraceAgentLoop`), the
+outputs in TransferQueue, verl's sync `ReplayBuffer.sample` and `PPOTrainer._compute_advantage` with the
+`trace` estimator. What does not: the FSDP actor, reference and critic workers (log-probabilities and the
+update need a model on an accelerator), so a step ends with the advantages the actor would train on.
+
+    python -m trace_client.integrations.verl.dry_run --url http://127.0.0.1:8000 --steps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Final
+
+import numpy as np
+import ray
+import transfer_queue as tq
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+from tensordict import TensorDict
+from verl.trainer.ppo.v1 import PPOTrainer
+from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+from verl.utils import tensordict_utils as tu
+
+from trace_client.adapters.sim import SimAgent
+from trace_client.driver import History, TurnResult, TurnTokens
+from trace_client.integrations.verl import (
+    ROLLOUT_N_FIELD,
+    TraceAgentLoop,
+    TraceAgentLoopManager,
+    trace_overrides,
+)
+from trace_client.sim import SimConfig, SimWorkload
+
+#: The config section of the simulated workload: both sides build the same one from it.
+SIM_SECTION: Final = "trace_sim"
+#: The agent loop's name in verl's registry (listed in the package's agent_loops.yaml).
+SIM_AGENT_LOOP: Final = "trace_sim"
+DATA_SOURCE: Final = "trace-sim"
+_OBSERVATION: Final = "\nObservation:"
+
+
+# --- the simulator as the agent loop's turns ----------------------------------------------------------
+
+
+@cache
+def _sim_agent(prompts: int, seed: int) -> SimAgent:
+    """One simulated workload per worker process (the same tasks the trainer side samples from)."""
+    return SimAgent(SimWorkload(SimConfig(prompts=prompts), seed=seed), np.random.default_rng(seed + 1))
+
+
+class SimTraceAgentLoop(TraceAgentLoop):
+    """Agent loop `trace_sim`: the tree's turns come from the simulator, tokenized with verl's tokenizer;
+    an observation's tokens are the environment's (loss mask 0). The reward is the simulator's."""
+
+    async def next_turn(self, history: History) -> TurnResult:
+        section = self.config[SIM_SECTION]
+        turn = await _sim_agent(int(section.prompts), int(section.seed)).next_turn(history)
+        policy, marker, observation = (turn.text or "").partition(_OBSERVATION)
+        tokenizer: Any = self.tokenizer
+        policy_ids = tokenizer.encode(policy, add_special_tokens=False)
+        environment_ids = tokenizer.encode(marker + observation, add_special_tokens=False)
+        ids = (*policy_ids, *environment_ids)
+        return TurnResult(
+            text=turn.text,
+            done=turn.done,
+            reward=turn.reward,
+            features=turn.features,
+            tokens=TurnTokens(ids, mask=(1,) * len(policy_ids) + (0,) * len(environment_ids)),
+            state=turn.state,
+        )
+
+
+# --- a model directory verl can load without a download -------------------------------------------------
+
+
+def write_byte_model(directory: Path) -> Path:
+    """A byte-level tokenizer (every text round-trips) and a one-layer Llama config: enough for verl's
+    `HFModelConfig` and its tokenization path. Returns the directory."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<eos>": 1}
+    for character in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[character] = len(vocab)
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>")
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    tokenizer.save_pretrained(directory)
+    LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=32_768,
+        architectures=["LlamaForCausalLM"],
+    ).save_pretrained(directory)
+    return directory
+
+
+# --- the run -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DryRunOptions:
+    url: str = "http://127.0.0.1:8000"
+    pool: int = 8
+    budget: int = 16
+    expansion: float = 1.0
+    prompts: int = 64
+    seed: int = 0
+    response_length: int = 8192
+    job: str | None = None
+
+
+def dry_run_config(options: DryRunOptions, model_dir: Path) -> DictConfig:
+    """verl's own `ppo_trainer` config with the TRACE overrides and a CPU-sized rollout side."""
+    import verl
+
+    job = options.job or f"verl-dry-run-{uuid.uuid4().hex[:8]}"
+    overrides = [
+        *trace_overrides(
+            options.url,
+            job=job,
+            budget=options.budget,
+            expansion=options.expansion,
+            agent_loop=SIM_AGENT_LOOP,
+            prompt_id_key="index",  # the simulator's own prompt ids
+        ),
+        f"actor_rollout_ref.model.path={model_dir}",
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.agent.num_workers=1",
+        "actor_rollout_ref.rollout.prompt_length=1024",
+        f"actor_rollout_ref.rollout.response_length={options.response_length}",
+        f"data.train_batch_size={options.pool}",
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+        f"++{SIM_SECTION}.prompts={options.prompts}",
+        f"++{SIM_SECTION}.seed={options.seed}",
+    ]
+    config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        return compose("ppo_trainer", overrides=overrides)
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """One dry-run step: what the allocation asked of verl and what reached the update."""
+
+    step: int
+    rollout_n: dict[str, int]  # uid -> the sessions verl ran for it (0: skipped)
+    keys: list[str]  # TransferQueue keys of the sampled trajectories, `{uid}_{session}_{index}`
+    advantages: list[list[float]]  # per key: the advantages the actor would train on (response tokens)
+    fields: list[dict[str, Any]]  # per key: `extra_fields` (trace_reward, trace_tree_id, trace_leaf_id, ...)
+    rm_scores: list[list[float]]
+
+    def line(self) -> str:
+        trees = sum(n > 0 for n in self.rollout_n.values())
+        continuations = sum(int(key.rsplit("_", 1)[1]) > 0 for key in self.keys)
+        rewards = [float(f["trace_reward"]) for f in self.fields]
+        mean = sum(rewards) / len(rewards) if rewards else 0.0
+        return (
+            f"step {self.step} | prompts {len(self.rollout_n)} | trees {trees}"
+            f" | bare rollouts {sum(self.rollout_n.values())} | paths {len(self.keys)}"
+            f" (continuation paths {continuations}) | mean reward {mean:.2f}"
+        )
+
+
+class DryRun:
+    """verl's rollout side against a trace-rollout service, one step at a time (see the module doc)."""
+
+    def __init__(self, options: DryRunOptions, model_dir: Path) -> None:
+        self.options = options
+        self.config = dry_run_config(options, model_dir)
+        self.workload = SimWorkload(SimConfig(prompts=options.prompts), seed=options.seed)
+        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+        tq.init(self.config.transfer_queue)
+        self.manager = TraceAgentLoopManager.create(
+            config=self.config, llm_client=None, teacher_client=None, reward_loop_worker_handles=None
+        )
+        self.replay_buffer = ReplayBuffer(
+            trainer_mode="sync",
+            trainer_config=self.config.trainer.v1.get("sync", {}),
+            max_off_policy_threshold=self.config.trainer.v1.sampler.max_off_policy_threshold,
+            max_off_policy_strategy=self.config.trainer.v1.sampler.max_off_policy_strategy,
+            sampler_kwargs=self.config.trainer.v1.sampler.sampler_kwargs,
+            poll_interval=0.2,
+            refill_fn=None,
+            filter_groups_metric=None,
+            sync_refill_failed_groups=False,
+            train_batch_size=options.pool,
+            gen_batch_size=options.pool,
+            max_inflight_gen_batches=1,
+        )
+        # `_compute_advantage` reads only the config: the trainer method runs as verl's trainer runs it.
+        self.trainer_view = SimpleNamespace(config=self.config)
+
+    def batch(self, step: int) -> TensorDict:
+        """Step `step`'s prompts as verl's dataloader and `_next_train_batch` make them."""
+        prompts = self.workload.epoch_pool(step, self.options.pool)
+        batch = tu.get_tensordict(
+            {
+                "raw_prompt": [[{"role": "user", "content": p.text}] for p in prompts],
+                "data_source": [DATA_SOURCE] * len(prompts),
+                "index": [p.prompt_id for p in prompts],
+                "reward_model": [{"ground_truth": None}] * len(prompts),
+                "uid": [str(uuid.uuid4()) for _ in prompts],
+            }
+        )
+        tu.assign_non_tensor_data(batch, "global_steps", step)
+        return batch
+
+    def step(self, step: int) -> StepReport:
+        batch = self.batch(step)
+        uids = list(batch["uid"])
+        tags = [{"is_prompt": True, "status": "pending", "global_steps": step} for _ in uids]
+        tq.kv_batch_put(keys=uids, partition_id="train", tags=tags)
+        self.manager.generate_sequences(batch)  # allocates, then verl's workers run the sessions
+        rollout_n = dict(zip(uids, batch[ROLLOUT_N_FIELD].tolist(), strict=True))
+        sampled, _ = self.replay_buffer.sample(global_steps=step, partition_id="train", batch_size=len(uids))
+        # the trainer's own method; it reads only `self.config`
+        sampled = PPOTrainer._compute_advantage(self.trainer_view, sampled, metrics={})  # type: ignore[arg-type]
+        data = tq.kv_batch_get(
+            keys=sampled.keys,
+            partition_id=sampled.partition_id,
+            select_fields=["advantages", "rm_scores", "extra_fields"],
+        )
+        report = StepReport(
+            step=step,
+            rollout_n=rollout_n,
+            keys=list(sampled.keys),
+            advantages=[row.tolist() for row in data["advantages"].unbind(0)],
+            fields=list(data["extra_fields"]),
+            rm_scores=[row.tolist() for row in data["rm_scores"].unbind(0)],
+        )
+        tq.kv_clear(keys=sampled.keys, partition_id=sampled.partition_id)
+        tq.kv_clear(keys=uids, partition_id="train")
+        return report
+
+    def close(self) -> None:
+        tq.close()
+        ray.shutdown()
+
+
+@contextlib.contextmanager
+def dry_run(options: DryRunOptions) -> Iterator[DryRun]:
+    """A `DryRun` over a temporary model directory; Ray and TransferQueue are shut down after."""
+    with tempfile.TemporaryDirectory(prefix="trace-verl-") as directory:
+        run = DryRun(options, write_byte_model(Path(directory)))
+        try:
+            yield run
+        finally:
+            run.close()
+
+
+def sessions_per_uid(keys: Sequence[str]) -> Counter[str]:
+    """Distinct sessions per uid among TransferQueue keys `{uid}_{session}_{index}`."""
+    return Counter(uid for uid, _ in {tuple(key.rsplit("_", 2)[:2]) for key in keys})
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--url", default=DryRunOptions.url, help="the trace-rollout service")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--pool", type=int, default=DryRunOptions.pool, help="prompts per step")
+    parser.add_argument("--budget", type=int, default=DryRunOptions.budget, help="bare rollouts per step")
+    parser.add_argument("--expansion", type=float, default=DryRunOptions.expansion)
+    parser.add_argument("--seed", type=int, default=DryRunOptions.seed)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    options = DryRunOptions(
+        url=args.url, pool=args.pool, budget=args.budget, expansion=args.expansion, seed=args.seed
+    )
+    started = time.monotonic()
+    with dry_run(options) as run:
+        for step in range(1, args.steps + 1):
+            report = run.step(step)
+            print(report.line(), flush=True)  # noqa: T201 - the dry run's output
+    print(f"done in {time.monotonic() - started:.0f}s")  # noqa: T201
+
+
+if __name__ == "__main__":
+    main()
