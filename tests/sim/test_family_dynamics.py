@@ -55,6 +55,27 @@ def test_deep_prefix_success_frequency_matches_its_p(workload: TabularWorkload, 
         assert abs(frequency - p0) > binomial_tolerance(p0, samples)
 
 
+def test_continuations_share_the_prefix_exactly_and_draw_fresh_turns(workload: TabularWorkload) -> None:
+    prompt_id = prompt_near(workload, 0.5)
+    # Two turns in at least, two left at least, and the outcome still open.
+    prefixes = [
+        state
+        for state in unfinished_prefixes(workload, prompt_id, 200)
+        if 2 <= state.turns <= workload.max_turns - 3 and 0.1 < state.p < 0.9
+    ]
+    prefix = max(prefixes, key=lambda state: state.turns)
+    snapshot = (prefix.p, prefix.latent, prefix.history)
+    branches = workload.run([prefix] * 40, np.random.default_rng(17))
+    for branch in branches:
+        first = branch[0]
+        assert all(mine is theirs for mine, theirs in zip(first.history, prefix.history, strict=False))
+        assert first.turns == prefix.turns + 1
+        assert all(later.history[: prefix.turns] == prefix.history for later in branch)
+    # Fresh randomness after the prefix, and the prefix itself is a value that continuing left alone.
+    assert len({tuple(state.history[-1].text for state in branch) for branch in branches}) > 30
+    assert (prefix.p, prefix.latent, prefix.history) == snapshot
+
+
 def test_expected_remaining_turns_matches_the_mean_length(workload: TabularWorkload) -> None:
     prompt_id = prompt_near(workload, 0.5)
     for state in [workload.start(prompt_id), unfinished_prefixes(workload, prompt_id, 10)[1]]:
