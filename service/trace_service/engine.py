@@ -48,7 +48,7 @@ from trace_service.allocation import (
     spread_evenly,
     uniform_roots,
 )
-from trace_service.metrics import Metrics
+from trace_service.metrics import OTHER_JOBS, Metrics
 from trace_service.predictor import OutcomeCounts, Query, Turn
 from trace_service.runtime import PredictorRuntime
 from trace_service.settings import Settings
@@ -141,11 +141,12 @@ class Engine:
                 await self._index(request, response)
                 return response
         await self._index(request, response)
-        self.metrics.allocate_prompts.labels(request.job, "active").inc(len(response.trees))
-        self.metrics.allocate_prompts.labels(request.job, "skipped").inc(len(response.skipped))
+        job = self.metrics.job_label(request.job)
+        self.metrics.allocate_prompts.labels(job, "active").inc(len(response.trees))
+        self.metrics.allocate_prompts.labels(job, "skipped").inc(len(response.skipped))
         promised = self.metrics.budget_promised
-        promised.labels(request.job, "bare").inc(sum(tree.rollouts for tree in trees))
-        promised.labels(request.job, "continuation").inc(sum(tree.expansion_budget for tree in trees))
+        promised.labels(job, "bare").inc(sum(tree.rollouts for tree in trees))
+        promised.labels(job, "continuation").inc(sum(tree.expansion_budget for tree in trees))
         return response
 
     @staticmethod
@@ -359,8 +360,9 @@ class Engine:
         if not job:  # unknown tree: every event was rejected
             return codes, [], False
         async with self._tree_slots:
-            self.metrics.budget_spent.labels(job, "bare").inc(batch.new_bare_leaves)
-            self.metrics.budget_spent.labels(job, "continuation").inc(batch.new_continuation_leaves)
+            spent, label = self.metrics.budget_spent, self.metrics.job_label(job)
+            spent.labels(label, "bare").inc(batch.new_bare_leaves)
+            spent.labels(label, "continuation").inc(batch.new_continuation_leaves)
             instructions: list[Instruction] = []
             completed = batch.completed
             if batch.decision_round:
@@ -439,9 +441,10 @@ class Engine:
                 meta.job, [(tree_id, i.instruction_id) for i in instructions]
             )
             return [], False
-        self.metrics.instructions_issued.labels(meta.job).inc(len(instructions))
-        self.metrics.budget_fallback.labels(meta.job).inc(fallback)
-        self.metrics.budget_unspent.labels(meta.job).inc(returned)
+        label = self.metrics.job_label(meta.job)
+        self.metrics.instructions_issued.labels(label).inc(len(instructions))
+        self.metrics.budget_fallback.labels(label).inc(fallback)
+        self.metrics.budget_unspent.labels(label).inc(returned)
         if completed:
             await self._on_completed(tree_id, meta)
         return instructions, completed
@@ -507,7 +510,8 @@ class Engine:
         counted = await self.store.record_prompt_outcome(meta)
         await self.store.push_completed(tree_id)
         if counted:
-            self.metrics.trees_completed.labels(meta.job, "true" if meta.mixed else "false").inc()
+            mixed = "true" if meta.mixed else "false"
+            self.metrics.trees_completed.labels(self.metrics.job_label(meta.job), mixed).inc()
         await self.store.forget_open(meta.job, tree_id)
 
     # --- GET /v1/instructions ----------------------------------------------------------------------
@@ -528,7 +532,7 @@ class Engine:
                 finished.append((tree_id, instruction_id))
                 continue
             if offered_until > stored.created_at + 1e-6:
-                self.metrics.instruction_lease_expiries.labels(job).inc()
+                self.metrics.instruction_lease_expiries.labels(self.metrics.job_label(job)).inc()
             instructions.append(
                 Instruction(
                     instruction_id=instruction_id,
@@ -538,7 +542,9 @@ class Engine:
                 )
             )
         await self.store.dequeue_instructions(job, finished)
-        self.metrics.instruction_backlog.labels(job).set(await self.store.queue_length(job))
+        backlog = await self.store.queue_length(job)
+        if (label := self.metrics.job_label(job)) != OTHER_JOBS:  # a gauge shared by jobs would mean nothing
+            self.metrics.instruction_backlog.labels(label).set(backlog)
         return InstructionsResponse(instructions=instructions, lease_seconds=lease)
 
     async def sweep(self) -> int:
@@ -621,8 +627,9 @@ class Engine:
         if not steps:
             raise NotFoundError(f"unknown job {job!r}")
         summaries = [await self._step_stats(job, step) for step in steps]
-        if summaries[-1].effective_ratio is not None:
-            self.metrics.effective_ratio.labels(job).set(summaries[-1].effective_ratio)
+        ratio = summaries[-1].effective_ratio
+        if ratio is not None and (label := self.metrics.job_label(job)) != OTHER_JOBS:
+            self.metrics.effective_ratio.labels(label).set(ratio)
         return JobStats(job=job, steps=summaries)
 
     async def _step_stats(self, job: str, step: int) -> StepStats:

@@ -4,6 +4,11 @@ Conventions (https://prometheus.io/docs/practices/naming): the ``trace_`` prefix
 ``_total`` for counters, and labels with small bounded value sets only (never a tree, prompt, node or
 worker id). Histograms, not summaries, so that quantiles can be aggregated over replicas.
 
+The training run is the ``training_job`` label, never ``job``: Prometheus sets ``job`` to the scrape
+job on every series, and would rename ours to ``exported_job``. Its values are bounded too: a replica
+exports at most ``MAX_TRACKED_JOBS`` jobs at a time (later ones count under ``_other``) and drops the
+series of a job idle for ``JOB_IDLE_SECONDS``.
+
 Each app builds its own ``Metrics(registry)`` so that tests can create many apps in one process. The
 service runs one process per container and scales by replicas, so prometheus-client's multiprocess mode
 is not used.
@@ -14,12 +19,21 @@ the same whichever replica reports them: aggregate them over replicas with ``max
 
 from __future__ import annotations
 
+import contextlib
 import math
+import time
+from collections.abc import Callable
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 
 EXPAND_OUTCOMES: Final = ("accepted", "duplicate", "rejected")
+#: The label naming a training run, and what bounds its values.
+JOB_LABEL: Final = "training_job"
+MAX_TRACKED_JOBS: Final = 100
+JOB_IDLE_SECONDS: Final = 3600.0
+OTHER_JOBS: Final = "_other"
 
 # Whole HTTP requests: from a sub-millisecond probe to a multi-second allocation over a large pool.
 HTTP_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -72,8 +86,19 @@ class Metrics:
     Counters are declared by their ``_total`` name; prometheus-client exports them under that name.
     """
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        max_jobs: int = MAX_TRACKED_JOBS,
+        job_idle_seconds: float = JOB_IDLE_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.registry = registry
+        self._max_jobs = max_jobs
+        self._job_idle_seconds = job_idle_seconds
+        self._clock = clock
+        self._last_seen: dict[str, float] = {}  # tracked jobs, least recently seen first
 
         self.http_requests = Counter(
             "trace_http_requests_total",
@@ -99,7 +124,7 @@ class Metrics:
         self.allocate_prompts = Counter(
             "trace_allocate_prompts_total",
             "Prompts allocated, by job and decision: active (given rollouts) or skipped (given none).",
-            ["job", "decision"],
+            [JOB_LABEL, "decision"],
             registry=registry,
         )
 
@@ -125,59 +150,59 @@ class Metrics:
         self.instructions_issued = Counter(
             "trace_instructions_issued_total",
             "Branching instructions issued, by job.",
-            ["job"],
+            [JOB_LABEL],
             registry=registry,
         )
         self.instruction_backlog = Gauge(
             "trace_instruction_backlog",
             "Instructions queued in the store whose continuations have not all started, by job "
             "(store-wide: aggregate over replicas with max).",
-            ["job"],
+            [JOB_LABEL],
             registry=registry,
         )
         self.instruction_lease_expiries = Counter(
             "trace_instruction_lease_expiries_total",
             "Instruction leases that expired before the claiming worker started them, by job.",
-            ["job"],
+            [JOB_LABEL],
             registry=registry,
         )
 
         self.budget_promised = Counter(
             "trace_budget_promised_rollouts_total",
             "Rollouts promised to trees, by job and kind: bare (from the root) or continuation.",
-            ["job", "kind"],
+            [JOB_LABEL, "kind"],
             registry=registry,
         )
         self.budget_spent = Counter(
             "trace_budget_spent_rollouts_total",
             "Promised rollouts that finished with a scored leaf, by job and kind.",
-            ["job", "kind"],
+            [JOB_LABEL, "kind"],
             registry=registry,
         )
         self.budget_fallback = Counter(
             "trace_budget_fallback_rollouts_total",
             "Continuation rollouts placed by the fallback rule instead of the predictor, by job.",
-            ["job"],
+            [JOB_LABEL],
             registry=registry,
         )
         self.budget_unspent = Counter(
             "trace_budget_unspent_rollouts_total",
             "Promised rollouts never spent because their tree was closed first, by job.",
-            ["job"],
+            [JOB_LABEL],
             registry=registry,
         )
 
         self.trees_completed = Counter(
             "trace_trees_completed_total",
             "Trees completed, by job and whether their leaves mixed successes and failures.",
-            ["job", "mixed"],
+            [JOB_LABEL, "mixed"],
             registry=registry,
         )
         self.effective_ratio = Gauge(
             "trace_effective_ratio",
             "Share of the active prompts of the latest completed step whose tree is mixed, by job "
             "(store-wide: aggregate over replicas with max).",
-            ["job"],
+            [JOB_LABEL],
             registry=registry,
         )
 
@@ -230,10 +255,45 @@ class Metrics:
             registry=registry,
         )
 
+        # Every per-job family and the values of its other labels: what dropping a job's series removes.
+        self._job_series: list[tuple[MetricWrapperBase, tuple[tuple[str, ...], ...]]] = [
+            (self.allocate_prompts, (("active",), ("skipped",))),
+            (self.instructions_issued, ((),)),
+            (self.instruction_backlog, ((),)),
+            (self.instruction_lease_expiries, ((),)),
+            (self.budget_promised, (("bare",), ("continuation",))),
+            (self.budget_spent, (("bare",), ("continuation",))),
+            (self.budget_fallback, ((),)),
+            (self.budget_unspent, ((),)),
+            (self.trees_completed, (("true",), ("false",))),
+            (self.effective_ratio, ((),)),
+        ]
+
         # Series with a fixed label set exist from the start, so that rate() sees their first increase.
         for outcome in EXPAND_OUTCOMES:
             self.expand_events.labels(outcome=outcome)
         self.observe_predictor(version=0, brier=None, ece=None, spearman=None)
+
+    def job_label(self, job: str) -> str:
+        """The ``training_job`` value for ``job``: itself while tracked (at most ``max_jobs`` at a time),
+        else ``_other``.  A job idle for ``job_idle_seconds`` is forgotten and its series dropped."""
+        now = self._clock()
+        for idle, seen in list(self._last_seen.items()):
+            if now - seen <= self._job_idle_seconds:
+                break  # the rest were seen more recently
+            del self._last_seen[idle]
+            self._drop_series(idle)
+        if job in self._last_seen or len(self._last_seen) < self._max_jobs:
+            self._last_seen.pop(job, None)
+            self._last_seen[job] = now  # to the end: the most recently seen
+            return job
+        return OTHER_JOBS
+
+    def _drop_series(self, job: str) -> None:
+        for family, others in self._job_series:
+            for rest in others:
+                with contextlib.suppress(KeyError):
+                    family.remove(job, *rest)
 
     def observe_predictor(
         self, version: int, brier: float | None, ece: float | None, spearman: float | None

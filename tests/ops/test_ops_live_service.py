@@ -73,5 +73,5 @@ def test_requests_are_labelled_by_route_template(service: LiveService) -> None:
     ]
     routes = {s.labels.get("route") for s in samples if s.name == "trace_http_requests_total"}
     assert {"/v1/expand", "/v1/allocate"} <= routes
-    jobs = {s.labels.get("job") for s in samples if s.name == "trace_allocate_prompts_total"}
+    jobs = {s.labels.get("training_job") for s in samples if s.name == "trace_allocate_prompts_total"}
     assert "ops-check" in jobs

@@ -186,8 +186,8 @@ def test_service_monitor_scrapes_the_service_port(
     for endpoint in monitor["spec"]["endpoints"]:
         assert endpoint["port"] in port_names
         assert endpoint["path"] == "/metrics"
-        # Keeps the service's `job` label (the training run) rather than renaming it `exported_job`.
-        assert endpoint["honorLabels"] is True
+        # The scrape job stays Prometheus's: the service names the training run `training_job`.
+        assert not endpoint.get("honorLabels", False)
 
 
 @pytest.mark.parametrize("overlay_name", ["cpu", "gpu"])

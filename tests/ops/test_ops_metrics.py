@@ -29,8 +29,12 @@ def test_two_apps_get_independent_metrics() -> None:
     first, second = Metrics(CollectorRegistry()), Metrics(CollectorRegistry())
     first.instructions_issued.labels("run-a").inc(3)
 
-    assert sample_values(first.registry)[("trace_instructions_issued_total", (("job", "run-a"),))] == 3
-    assert ("trace_instructions_issued_total", (("job", "run-a"),)) not in sample_values(second.registry)
+    assert (
+        sample_values(first.registry)[("trace_instructions_issued_total", (("training_job", "run-a"),))] == 3
+    )
+    assert ("trace_instructions_issued_total", (("training_job", "run-a"),)) not in sample_values(
+        second.registry
+    )
 
 
 def test_one_registry_cannot_hold_two_sets() -> None:
@@ -105,3 +109,30 @@ def test_counters_refuse_negative_increments() -> None:
     metrics = Metrics(CollectorRegistry())
     with pytest.raises(ValueError, match="non-negative"):
         metrics.budget_spent.labels("run-a", "bare").inc(-1)
+
+
+def test_the_training_run_label_is_not_prometheus_job_label() -> None:
+    """Prometheus sets `job` to the scrape job on every series; ours would arrive as `exported_job`."""
+    metrics = Metrics(CollectorRegistry())
+    metrics.instructions_issued.labels(metrics.job_label("run-a")).inc()
+    labels = {key for _, items in sample_values(metrics.registry) for key, _ in items}
+    assert "job" not in labels and "training_job" in labels
+
+
+def test_tracked_jobs_are_capped_and_idle_ones_dropped() -> None:
+    now = [0.0]
+    metrics = Metrics(CollectorRegistry(), max_jobs=3, job_idle_seconds=60.0, clock=lambda: now[0])
+    for index in range(2_000):
+        label = metrics.job_label(f"run-{index}")
+        metrics.allocate_prompts.labels(label, "active").inc()
+        metrics.budget_spent.labels(label, "bare").inc()
+    series = [key for key in sample_values(metrics.registry) if key[0] == "trace_allocate_prompts_total"]
+    assert sorted(dict(items)["training_job"] for _, items in series) == ["_other", "run-0", "run-1", "run-2"]
+    scrape = generate_latest(metrics.registry)
+    assert len(scrape) < 40_000, len(scrape)
+    now[0] = 30.0
+    metrics.job_label("run-1")  # still active
+    now[0] = 70.0
+    assert metrics.job_label("run-new") == "run-new"  # run-0 and run-2 were idle: room again
+    jobs = {dict(items).get("training_job") for _, items in sample_values(metrics.registry)} - {None}
+    assert jobs == {"_other", "run-1"}

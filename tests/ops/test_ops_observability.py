@@ -39,7 +39,7 @@ def dashboard() -> dict[str, Any]:
 
 def test_metric_name_extraction_strips_histogram_suffixes() -> None:
     expression = (
-        'histogram_quantile(0.99, sum by (le) (rate(trace_stage2_duration_seconds_bucket{job=~"$job"}[5m])))'
+        'histogram_quantile(0.99, sum by (le) (rate(trace_stage2_duration_seconds_bucket{le!=""}[5m])))'
         " / on() trace_store_up"
     )
     assert metric_names_in(expression) == {"trace_stage2_duration_seconds", "trace_store_up"}
@@ -67,8 +67,8 @@ def test_dashboard_is_portable_and_filters_by_job(dashboard: dict[str, Any]) -> 
     variables = {variable["name"]: variable for variable in dashboard["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
-    assert variables["job"]["type"] == "query"
-    assert "label_values(trace_" in variables["job"]["definition"]
+    assert variables["training_job"]["type"] == "query"
+    assert "label_values(trace_" in variables["training_job"]["definition"]
 
     panels = list(dashboard_panels(dashboard))
     ids = [panel["id"] for panel in panels]
@@ -82,7 +82,7 @@ def test_dashboard_is_portable_and_filters_by_job(dashboard: dict[str, Any]) -> 
         for target in panel["targets"]:
             assert target["datasource"]["uid"] == "${datasource}"
     job_scoped = [expression for expression in dashboard_expressions(dashboard) if "job=~" in expression]
-    assert all('job=~"$job"' in expression for expression in job_scoped)
+    assert all('training_job=~"$training_job"' in expression for expression in job_scoped)
     assert job_scoped
 
 
@@ -190,11 +190,10 @@ def scraping_prometheus(tmp_path: Path) -> Iterator[Prometheus]:
     exporter, exporter_thread = start_http_server(0, addr="127.0.0.1", registry=metrics.registry)
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        # Same job name and label handling as the ServiceMonitor.
+        # Same job name and label handling (no honor_labels) as the ServiceMonitor.
         "scrape_configs": [
             {
                 "job_name": "trace-rollout",
-                "honor_labels": True,
                 "static_configs": [{"targets": [f"127.0.0.1:{exporter.server_port}"]}],
             }
         ],
@@ -236,7 +235,7 @@ def grafana_to_promql(expression: str) -> str:
     return (
         expression.replace("$__rate_interval", "1m")
         .replace("$__range", "1m")
-        .replace('"$job"', '"run-a|run-b"')
+        .replace('"$training_job"', '"run-a|run-b"')
     )
 
 
@@ -244,8 +243,13 @@ def grafana_to_promql(expression: str) -> str:
 def test_real_prometheus_answers_every_query(
     scraping_prometheus: Prometheus, dashboard: dict[str, Any]
 ) -> None:
-    jobs = scraping_prometheus.get("/api/v1/label/job/values", **{"match[]": "trace_allocate_prompts_total"})
-    assert jobs["data"] == ["run-a"], "the service's job label must survive the scrape"
+    label_values = "/api/v1/label/training_job/values"
+    jobs = scraping_prometheus.get(label_values, **{"match[]": "trace_allocate_prompts_total"})
+    assert jobs["data"] == ["run-a"], "the training run's label must arrive as the service wrote it"
+    scrape_jobs = scraping_prometheus.get(
+        "/api/v1/label/job/values", **{"match[]": "trace_allocate_prompts_total"}
+    )
+    assert scrape_jobs["data"] == ["trace-rollout"], "job stays the scrape job, without honor_labels"
 
     for expression in dashboard_expressions(dashboard):
         answer = scraping_prometheus.query(grafana_to_promql(expression))
