@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import schemathesis
@@ -39,3 +40,24 @@ def test_no_generated_request_gets_a_server_error(
     if response.status_code >= 400:
         assert response.headers["content-type"][0].startswith("application/problem+json"), response.text[:300]
         assert response.json()["request_id"]
+
+
+class Workflow(schema.as_state_machine()):  # type: ignore[misc]
+    """Stateful runs: allocate, then follow the answer's links to expand, trees, stats, instructions."""
+
+    base_url = ""
+
+    def get_call_kwargs(self, case: schemathesis.Case) -> dict[str, str]:
+        return {"base_url": self.base_url}
+
+    def validate_response(self, response: Any, case: schemathesis.Case, *args: Any, **kwargs: Any) -> None:
+        assert response.status_code < 500, f"{case.method} {case.formatted_path}: {response.text[:500]}"
+
+
+def test_no_sequence_of_linked_requests_gets_a_server_error(fuzzed_service: LiveService) -> None:
+    Workflow.base_url = fuzzed_service.url
+    Workflow.run(
+        settings=settings(
+            max_examples=25, stateful_step_count=6, deadline=None, suppress_health_check=list(HealthCheck)
+        )
+    )

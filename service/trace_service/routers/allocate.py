@@ -12,7 +12,45 @@ from trace_service.routers.responses import ERRORS
 router = APIRouter(tags=["allocation"])
 
 
-@router.post(paths.ALLOCATE, response_model=AllocateResponse, responses=ERRORS)
+#: What an allocation's answer leads to (OpenAPI links: clients and stateful fuzzers follow them).
+_FIRST_TREE = "$response.body#/trees/0/tree_id"
+_LINKS = {
+    "GetTree": {"operationId": "get_tree_v1_trees__tree_id__get", "parameters": {"tree_id": _FIRST_TREE}},
+    "CloseTree": {
+        "operationId": "close_tree_v1_trees__tree_id__close_post",
+        "parameters": {"tree_id": _FIRST_TREE},
+    },
+    "ReportFirstTurn": {
+        "operationId": "expand_v1_expand_post",
+        "requestBody": {
+            "events": [
+                {
+                    "event_id": "{$response.body#/allocation_id}-first",
+                    "tree_id": "{$response.body#/trees/0/tree_id}",
+                    "node_id": "first",
+                    "done": True,
+                    "reward": 1.0,
+                }
+            ]
+        },
+    },
+    "JobStats": {
+        "operationId": "job_stats_v1_jobs__job__stats_get",
+        "parameters": {"job": "$response.body#/job"},
+    },
+    "ClaimInstructions": {
+        "operationId": "claim_instructions_v1_instructions_get",
+        "parameters": {"job": "$response.body#/job"},
+    },
+}
+
+
+@router.post(
+    paths.ALLOCATE,
+    response_model=AllocateResponse,
+    responses=ERRORS,
+    openapi_extra={"responses": {"200": {"links": _LINKS}}},
+)
 async def allocate(
     request: AllocateRequest,
     engine: EngineDep,
