@@ -1,0 +1,307 @@
+"""`trace_client.integrations.verl` against the installed verl 0.9.1: its estimator registry and advantage
+code, its agent-loop output, its Hydra config, its agent-loop base class and, in the dry run, its
+TransferQueue workers, replay buffer and trainer advantage step."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from adapter_trees import finished_tree
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+from support import LiveService, make_settings
+from transformers import AutoTokenizer
+from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+from verl.protocol import DataProto
+from verl.trainer.ppo import core_algos
+from verl.trainer.ppo.ray_trainer import compute_advantage
+from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
+from verl.utils import tensordict_utils as tu
+from verl.utils.dataset.rl_dataset import RLHFDataset
+from verl.workers.rollout.replica import TokenOutput
+
+from trace_client import TraceClient
+from trace_client.driver import History, TurnResult, TurnTokens
+from trace_client.integrations import verl as integration
+from trace_client.integrations.verl import dry_run
+from trace_client.sim import SimConfig, SimWorkload
+from trace_proto import PromptIn
+
+# n0 ─┬─ n1 (leaf 1.0)      n3 ── n4 (leaf 0.0)
+#     └─ n2 (leaf 0.0, a continuation branched from n0)
+PARENTS = [-1, 0, 0, -1, 3]
+REWARDS = {1: 1.0, 2: 0.0, 4: 0.0}
+ADVANTAGES = [0.5, 0.25, -0.75, -0.5, -0.125]
+TOKENS = {
+    0: TurnTokens((10, 11, 12), mask=(1, 1, 0)),
+    1: TurnTokens((13,)),
+    2: TurnTokens((14, 15)),
+    3: TurnTokens((16, 17)),
+    4: TurnTokens((18,)),
+}
+
+
+def tree_sessions(response_length: int = 64) -> list[list[integration.TraceAgentLoopOutput]]:
+    tree = finished_tree(PARENTS, REWARDS, advantages=ADVANTAGES, tokens=TOKENS)
+    return integration.session_outputs(tree, [1, 2], response_length)
+
+
+@pytest.fixture(scope="module")
+def verl_config() -> DictConfig:
+    return compose_config("http://127.0.0.1:1")
+
+
+def compose_config(url: str, *extra: str, model_dir: Path | None = None) -> DictConfig:
+    import verl
+
+    overrides = [*integration.trace_overrides(url, expansion=1.0), *extra]
+    if model_dir is not None:
+        overrides += [f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=vllm"]
+    with initialize_config_dir(
+        config_dir=str(Path(verl.__file__).parent / "trainer/config"), version_base=None
+    ):
+        return compose("ppo_trainer", overrides=overrides)
+
+
+def idle_settings() -> Any:
+    """Service settings whose background loops stay idle for the length of a test."""
+    return make_settings(train_interval_seconds=60.0, sweep_interval_seconds=60.0)
+
+
+# --- the estimator ---------------------------------------------------------------------------------------
+
+
+def padded(sessions: list[list[integration.TraceAgentLoopOutput]]) -> tuple[DataProto, list[str]]:
+    """The outputs as the batch verl's `_compute_advantage` builds from TransferQueue, with its keys."""
+    rows = [output.as_dict() for session in sessions for output in session]
+    keys = [f"u_{s}_{k}" for s, session in enumerate(sessions) for k in range(len(session))]
+    width = max(len(row["rm_scores"]) for row in rows)
+
+    def pad(name: str) -> torch.Tensor:
+        return torch.stack([torch.nn.functional.pad(row[name], (0, width - len(row[name]))) for row in rows])
+
+    data = DataProto.from_dict(
+        tensors={"token_level_rewards": pad("rm_scores"), "response_mask": pad("response_mask")},
+        non_tensors={"uid": np.array(["u"] * len(rows), dtype=object)},
+    )
+    return data, keys
+
+
+def test_the_trace_estimator_passes_the_tree_advantages_through_verls_advantage_code() -> None:
+    assert core_algos.get_adv_estimator_fn(integration.TRACE) is integration.trace_advantages
+    integration.register_trace_estimator()  # a second registration is a no-op, not verl's ValueError
+    data, keys = padded(tree_sessions())
+    expected = [[0.5, 0.5, 0.0, 0.25], [0.0, 0.0, 0.0, -0.75, -0.75], [-0.5, -0.5, -0.125]]
+    for computed in (
+        compute_advantage(data, adv_estimator=integration.TRACE),
+        compute_advantage_for_multi_trajectories(data, batch_keys=keys, adv_estimator=integration.TRACE),
+    ):
+        rows = [
+            row[: len(want)].tolist()
+            for row, want in zip(computed.batch["advantages"], expected, strict=True)
+        ]
+        assert rows == expected
+        assert torch.equal(computed.batch["returns"], computed.batch["advantages"])
+    # GRPO, verl's default, would have thrown the tree's credit away: one number per path
+    grpo = compute_advantage(data, adv_estimator=core_algos.AdvantageEstimator.GRPO).batch["advantages"]
+    assert len({value for value in grpo[0].tolist() if value}) == 1
+
+
+# --- the agent-loop outputs ------------------------------------------------------------------------------
+
+
+def test_each_session_returns_the_paths_of_its_bare_rollout_with_continuations_as_extra_outputs() -> None:
+    first, second = tree_sessions()
+    assert [output.extra_fields["trace_leaf_id"] for output in first] == ["n1", "n2"]
+    assert [output.extra_fields["trace_leaf_id"] for output in second] == ["n4"]
+    as_dict = first[1].as_dict()  # verl's own conversion, with rm_scores replaced
+    assert as_dict["responses"].tolist() == [10, 11, 12, 14, 15]
+    assert as_dict["response_mask"].tolist() == [0, 0, 0, 1, 1]  # the shared prefix trains on path 1
+    assert as_dict["rm_scores"].tolist() == [0.0, 0.0, 0.0, -0.75, -0.75]
+    assert as_dict["extra_fields"]["trace_reward"] == 0.0
+    # what verl's TransferQueue worker stores: a jagged batch of the session's outputs
+    stored = tu.list_of_dict_to_tensordict([output.as_dict() for output in first])
+    assert stored["rm_scores"].offsets().diff().tolist() == [4, 5]
+
+
+def test_a_path_longer_than_the_response_length_is_cut_to_it() -> None:
+    first, _ = tree_sessions(response_length=4)
+    cut = first[1]
+    assert cut.response_ids == [10, 11, 12, 14]
+    assert len(cut.response_mask) == len(cut.token_advantages) == 4
+    assert cut.extra_fields["trace_truncated"] == 1
+    assert first[0].extra_fields["trace_truncated"] == 0
+
+
+# --- configuration ---------------------------------------------------------------------------------------
+
+
+def test_the_overrides_compose_with_verls_own_trainer_config(verl_config: DictConfig) -> None:
+    assert verl_config.trainer.use_v1 is True
+    assert verl_config.algorithm.adv_estimator == integration.TRACE
+    manager = verl_config.actor_rollout_ref.rollout.agent.agent_loop_manager_class
+    assert manager == "trace_client.integrations.verl.TraceAgentLoopManager"
+    assert Path(verl_config.actor_rollout_ref.rollout.agent.agent_loop_config_path).is_file()
+    settings = integration.TraceSettings.from_config(verl_config)
+    assert (settings.url, settings.expansion) == ("http://127.0.0.1:1", 1.0)
+    assert (
+        settings.step_budget(verl_config)
+        == verl_config.data.train_batch_size * verl_config.actor_rollout_ref.rollout.n
+    )
+    with pytest.raises(ValueError, match="unknown trace setting"):
+        integration.trace_overrides(budgett=3)
+
+
+def test_prompt_ids_stay_the_same_across_steps() -> None:
+    row = {"data_source": "gsm8k", "index": np.int64(7), "raw_prompt": [{"role": "user", "content": "2+2?"}]}
+    assert integration.stable_prompt_id(row) == "gsm8k:7"
+    assert integration.stable_prompt_id(row, "index") == "7"
+    hashed = integration.stable_prompt_id({"raw_prompt": row["raw_prompt"]})
+    assert hashed == integration.stable_prompt_id({"raw_prompt": list(row["raw_prompt"])})
+    assert hashed.startswith("sha1:")
+
+
+def test_a_batch_gets_per_prompt_rollout_counts_from_the_allocation(verl_config: DictConfig) -> None:
+    workload = SimWorkload(SimConfig(prompts=32), seed=1)
+    prompts = workload.epoch_pool(0, 12)
+    batch = tu.get_tensordict(
+        {
+            "raw_prompt": [[{"role": "user", "content": p.text}] for p in [*prompts, prompts[0]]],
+            "data_source": ["sim"] * (len(prompts) + 1),
+            "index": [p.prompt_id for p in [*prompts, prompts[0]]],  # the last row repeats the first
+            "uid": [str(uuid.uuid4()) for _ in range(len(prompts) + 1)],
+        }
+    )
+    tu.assign_non_tensor_data(batch, "global_steps", 3)
+    with LiveService(idle_settings()) as live, TraceClient(live.url) as client:
+        config = compose_config(live.url, "++trace.budget=8", "++trace.job=verl-batch")
+        allocation = integration.annotate_batch(batch, config, client)
+    counts = batch[integration.ROLLOUT_N_FIELD].tolist()
+    trees = {t.prompt.prompt_id: t.tree for t in allocation.tickets if t is not None}
+    assert sum(counts) == 8 and 0 < len(trees) < len(prompts)  # a real choice: some prompts skipped
+    assert counts[-1] == 0  # a repeated prompt runs once
+    for row, ticket in enumerate(allocation.tickets):
+        assert counts[row] == (0 if ticket is None else ticket.tree.rollouts)
+        assert ticket is None or (ticket.job, ticket.step) == ("verl-batch", 3)
+        agent = batch[integration.AGENT_NAME_FIELD][row]
+        assert agent == ("single_turn_agent" if ticket is None else integration.TRACE)
+    assert allocation.prompt_ids == [f"sim:{p.prompt_id}" for p in [*prompts, prompts[0]]]
+    ticket = next(t for t in allocation.tickets if t is not None)
+    assert integration.TreeTicket.loads(ticket.dumps()) == ticket
+
+
+# --- the default turn and reward --------------------------------------------------------------------------
+
+
+class ScriptedServer:
+    """verl's LLM server client, answering from a script; records each request."""
+
+    def __init__(self, answers: list[list[int]]) -> None:
+        self.answers = answers
+        self.requests: list[dict[str, Any]] = []
+
+    async def generate(
+        self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **_: Any
+    ) -> TokenOutput:
+        self.requests.append({"prompt_ids": prompt_ids, **sampling_params})
+        return TokenOutput(token_ids=self.answers.pop(0), log_probs=None)
+
+
+@pytest.fixture(scope="module")
+def byte_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return dry_run.write_byte_model(tmp_path_factory.mktemp("byte-model"))
+
+
+def agent_loop(byte_model: Path, server: ScriptedServer, *overrides: str) -> integration.TraceAgentLoop:
+    config = compose_config("http://127.0.0.1:1", *overrides, model_dir=byte_model)
+    return integration.TraceAgentLoop(
+        trainer_config=DictConfigWrap(config),
+        server_manager=server,
+        tokenizer=AutoTokenizer.from_pretrained(byte_model),
+        processor=None,
+        dataset_cls=RLHFDataset,
+        data_config=DictConfigWrap(config.data),
+    )
+
+
+async def test_the_default_turn_is_a_chunk_of_tokens_until_the_end_of_sequence(
+    byte_model: Path,
+) -> None:
+    eos = AutoTokenizer.from_pretrained(byte_model).eos_token_id
+    server = ScriptedServer([[40, 41, 42], [43, eos]])
+    loop = agent_loop(byte_model, server, "++trace.turn_tokens=3")
+    loop.row = {"raw_prompt": [{"role": "user", "content": "Say it."}]}
+    loop.sampling_params = {"temperature": 1.0}
+    loop.prompt_ids = await loop.build_prompt_ids()
+    history = History(PromptIn(prompt_id="p"), tree_id="t")
+    first = await loop.next_turn(history)
+    second = await loop.next_turn(history.then(first))
+    assert (first.done, second.done) == (False, True)
+    assert first.tokens is not None and first.tokens.ids == (40, 41, 42)
+    assert server.requests[0]["max_tokens"] == 3 and server.requests[0]["temperature"] == 1.0
+    assert server.requests[1]["prompt_ids"] == [*loop.prompt_ids, 40, 41, 42]  # continues after turn 1
+
+
+async def test_a_rollout_ends_when_the_response_length_is_used(byte_model: Path) -> None:
+    server = ScriptedServer([[50, 51, 52], [53, 54]])
+    loop = agent_loop(
+        byte_model, server, "++trace.turn_tokens=3", "actor_rollout_ref.rollout.response_length=5"
+    )
+    loop.row = {"raw_prompt": [{"role": "user", "content": "Go on."}]}
+    first = await loop.next_turn(History(PromptIn(prompt_id="p"), tree_id="t"))
+    second = await loop.next_turn(History(PromptIn(prompt_id="p"), tree_id="t", turns=(first,)))
+    assert server.requests[1]["max_tokens"] == 2  # only what the response length has left
+    assert second.done
+
+
+async def test_the_default_reward_is_verls_rule_based_score(byte_model: Path) -> None:
+    loop = agent_loop(byte_model, ScriptedServer([]))
+    loop.row = {"data_source": "openai/gsm8k", "reward_model": {"ground_truth": "42"}}
+    prompt = History(PromptIn(prompt_id="p"), tree_id="t")
+    right = prompt.then(TurnResult(text="6 times 7 is ")).then(TurnResult(text="#### 42", done=True))
+    wrong = prompt.then(TurnResult(text="#### 41", done=True))
+    assert await loop.score(right) == 1.0
+    assert await loop.score(wrong) == 0.0
+
+
+# --- the dry run: verl's workers, TransferQueue, replay buffer and advantage step -------------------------
+
+
+@pytest.mark.slow
+def test_a_dry_run_step_trains_on_every_path_with_the_tree_advantages() -> None:
+    with LiveService(idle_settings()) as live:
+        options = dry_run.DryRunOptions(url=live.url, pool=12, budget=12, expansion=1.0, prompts=48, seed=4)
+        with dry_run.dry_run(options) as run:
+            report = run.step(1)
+        with TraceClient(live.url) as client:
+            trees = {f["trace_tree_id"]: client.get_tree(f["trace_tree_id"]) for f in report.fields}
+    sessions = dry_run.sessions_per_uid(report.keys)
+    assert sum(report.rollout_n.values()) == 12
+    assert any(n == 0 for n in report.rollout_n.values()), "the budget covered every prompt: no choice made"
+    for uid, count in report.rollout_n.items():
+        assert sessions.get(uid, 0) == count  # verl ran as many sessions as the tree has bare rollouts
+    continuation_keys = [key for key in report.keys if not key.endswith("_0")]
+    assert continuation_keys, "no Stage 2 continuation reached the batch"
+    leaves = 0
+    for advantages, scores, fields in zip(report.advantages, report.rm_scores, report.fields, strict=True):
+        tree = trees[fields["trace_tree_id"]]
+        nodes = {node.node_id: node for node in tree.nodes}
+        leaf = nodes[fields["trace_leaf_id"]]
+        assert leaf.reward == fields["trace_reward"]
+        assert advantages == pytest.approx(scores)  # the estimator passed them through
+        path_values = set()
+        node = leaf
+        while True:
+            path_values.add(node.advantage)
+            if node.parent_id is None:
+                break
+            node = nodes[node.parent_id]
+        trained = {value for value in advantages if value != 0.0}
+        assert all(any(abs(t - v) < 1e-6 for v in path_values) for t in trained), "not this path's credit"
+        leaves += 1
+    assert leaves == sum(sum(n.reward is not None for n in tree.nodes) for tree in trees.values())
