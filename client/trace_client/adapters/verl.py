@@ -1,9 +1,9 @@
 """verl adapter: finished trees as verl's agent-loop outputs and as a ready-to-update `DataProto`.
 
 Written against verl 0.9.1 (`verl.experimental.agent_loop.agent_loop.AgentLoopOutput`,
-`verl.protocol.DataProto`), read from its source; verl and its stack (ray, vLLM/SGLang, CUDA torch) do
-not install on the machines this project is tested on, so the tests check the documented shapes and the
-verl classes are imported only inside the functions that build them.
+`verl.protocol.DataProto`) and tested against it; the verl classes are imported only inside the
+functions that build them, so the base install can import this module. To train with verl's own v1
+trainer loop, use `trace_client.integrations.verl`; these converters are for a trainer step of your own.
 
 Two ways in (docs/adapters.md shows both):
 
@@ -17,9 +17,9 @@ Two ways in (docs/adapters.md shows both):
   every path has them) and `uid` per row. Its `advantages` are TRACE's, so the trainer step skips
   `compute_advantage` for it.
 
-A tree gives more rows than prompts, and a different number per prompt, so verl's stock
-`RayPPOTrainer.fit` (which unions each generated row with a repeated input row) cannot take it as is:
-the driver runs in a custom trainer step (see docs/adapters.md).
+A tree gives more rows than prompts, and a different number per prompt: verl's v1 trainer takes that
+(per-prompt `__rollout_n__`, several outputs per session), which is what `trace_client.integrations.verl`
+uses; the deprecated `RayPPOTrainer.fit` repeats each prompt `rollout.n` times and cannot.
 """
 
 from __future__ import annotations
