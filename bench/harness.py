@@ -1,4 +1,4 @@
-"""Allocation strategies run side by side on the simulated workload, in process (no HTTP).
+"""Allocation strategies run side by side on a simulated workload family, in process (no HTTP).
 
 One step of a strategy on a candidate pool: estimate success where the strategy needs it, allocate bare
 rollouts to roots (Stage 1 or a baseline rule), run them on the simulator, branch continuations from
@@ -9,19 +9,26 @@ learning mode, let the workload learn from the mixed groups. Every rule comes fr
 Budgets (`StepConfig`): `bare_rollouts` M, expansion N, group size n. Strategies that branch get M bare
 rollouts plus ⌊m_i·N⌋ continuations for each active prompt i; strategies that do not branch spend the
 same total R = M + ⌊M·N⌋ on bare rollouts. Counted in turns instead (`BudgetUnit.turns`), every strategy
-gets the same number of turns, R times the expected rollout length, and a continuation from a deep prefix
-costs only the turns it generates. Work is admitted only while its worst case still fits the turns left
-(a rollout from depth d costs at most max_turns − d), so no strategy ever exceeds its budget.
+gets the same number of turns, R times the mean rollout length (`mean_rollout_turns`), and a
+continuation from a deep prefix costs only the turns it generates. Work is admitted only while its
+worst case still fits the turns left (a rollout from depth d costs at most max_turns − d), so no
+strategy ever exceeds its budget.
 
 The estimator Ṽ is one pluggable callable over `Query` objects (`Estimator`); `posterior_estimator`
 (each prompt's Beta posterior, MoPPS-style) stands in until a learned predictor is plugged in, and
 `oracle_estimator` reads the simulator's true probabilities.
+
+Each step also keeps the books of the regret decomposition (`StepResult`): the Stage 1 value the root
+counts realise under the true probabilities against the best counts for the same bare budget, the bare
+rollouts spent on near-certain prompts, the continuations that flipped the outcome they branched from,
+and the estimator's predictions at the roots next to the true success.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -29,7 +36,8 @@ from enum import StrEnum
 import numpy as np
 import numpy.typing as npt
 
-from trace_client.sim import Prompt, RolloutState, SimConfig, SimWorkload
+from trace_client.sim import Prompt, RolloutState
+from trace_client.sim.base import Workload
 from trace_service.allocation import (
     allocate_roots,
     dapo_keep,
@@ -39,6 +47,7 @@ from trace_service.allocation import (
     knapsack_weight,
     pcl_roots,
     random_branching,
+    root_value,
     round_budgets,
     uniform_roots,
 )
@@ -46,6 +55,10 @@ from trace_service.tree import ROOT, PrefixCandidates, prefix_candidates, tree_t
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+
+#: A prompt whose true success lies below this or above 1 minus it is near-certain: bare rollouts spent
+#: on it are (almost) never a mixed group.
+EXTREME_SUCCESS = 0.05
 
 
 @dataclass(frozen=True)
@@ -163,7 +176,7 @@ class StepConfig:
     expansion: float = 2.0
     group_size: int = 8
     unit: BudgetUnit = BudgetUnit.rollouts
-    # Turns per step when `unit` is turns; `counted_in` sets it from the simulator's mean rollout length.
+    # Turns per step when `unit` is turns; `counted_in` sets it from the workload's mean rollout length.
     turn_budget: int = 0
     min_rollouts: int = 2
     max_rollouts: int = 64
@@ -190,10 +203,17 @@ class StepConfig:
         """R = M + ⌊M·N⌋: what a strategy that branches may spend at most, and what one that does not gets."""
         return self.bare_rollouts + math.floor(self.bare_rollouts * self.expansion)
 
-    def counted_in(self, unit: BudgetUnit, sim_config: SimConfig) -> StepConfig:
-        """This budget counted in `unit`; in turns it is T = R × the simulator's mean rollout length."""
-        turns = math.floor(self.total_rollouts * sim_config.expected_turns)
+    def counted_in(self, unit: BudgetUnit, rollout_turns: float) -> StepConfig:
+        """This budget counted in `unit`; in turns it is T = R × `rollout_turns` (`mean_rollout_turns`)."""
+        turns = math.floor(self.total_rollouts * rollout_turns)
         return dataclasses.replace(self, unit=unit, turn_budget=turns)
+
+
+def mean_rollout_turns(workload: Workload) -> float:
+    """The exact mean length of a fresh rollout over the workload's whole population, as it stands."""
+    return statistics.fmean(
+        workload.expected_remaining_turns(workload.start(prompt.prompt_id)) for prompt in workload.prompts
+    )
 
 
 @dataclass
@@ -221,10 +241,24 @@ class StepResult:
     turns: int
     # Continuations Stage 2 planned through its fallback (spread evenly where no prefix had value left).
     fallback_units: int
+    # Regret decomposition. Stage 1: Σ_i V_root(p_i, m_i) over the started groups with the true p_i, and
+    # the same for the counts TRACE Stage 1 would choose from the true p_i for this strategy's bare budget.
+    stage1_value: float
+    stage1_oracle_value: float
+    # Bare rollouts spent on prompts whose true success is below 0.05 or above 0.95.
+    bare_on_extremes: int
+    # Continuations whose outcome differs from the observed outcome below the prefix they branched from.
+    flips: int
+    # (predicted, true) success at each root the strategy's estimator was asked about.
+    root_predictions: tuple[tuple[float, float], ...]
 
     @property
     def skipped(self) -> int:
         return self.pool - self.active
+
+    @property
+    def bare(self) -> int:
+        return self.rollouts - self.continuations
 
     @property
     def effective_ratio(self) -> float:
@@ -243,6 +277,8 @@ class _Forest:
         self.reward: list[float] = []
         self.tree_of: list[int] = []
         self.forks: set[int] = set()
+        # The observed outcome below each prefix when continuations from it were last planned.
+        self.observed_outcome: dict[int, float] = {}
         self.bare_successes = [0] * len(self.prompts)
         self.bare_trials = [0] * len(self.prompts)
 
@@ -322,6 +358,7 @@ class _Ledger:
     continuations: int = 0
     turns: int = 0
     fallback_units: int = 0
+    flips: int = 0
 
     @property
     def turns_left(self) -> int:
@@ -337,7 +374,7 @@ class _Ledger:
 
 
 def run_step(
-    workload: SimWorkload,
+    workload: Workload,
     strategy: Strategy,
     pool: Sequence[Prompt],
     history: dict[str, PromptRecord],
@@ -347,7 +384,8 @@ def run_step(
     learn: bool = True,
 ) -> StepResult:
     """Run one step of `strategy` on `pool`; update `history` (and the workload when `learn`)."""
-    counts = _root_counts(workload, strategy, pool, history, config, rng)
+    counts, predicted = _root_counts(workload, strategy, pool, history, config, rng)
+    true_p = workload.true_success_many([prompt.prompt_id for prompt in pool])
     ledger = _Ledger(config.turn_budget if config.unit is BudgetUnit.turns else None)
     chosen = np.flatnonzero(counts).tolist()
     forest = _Forest([pool[index] for index in chosen], [int(counts[index]) for index in chosen])
@@ -363,6 +401,10 @@ def run_step(
     kept = (
         int(dapo_keep(successes[started], visits[started]).sum()) if strategy.filters_groups else ratio.active
     )
+    started_counts = np.zeros(len(pool), dtype=np.int64)
+    started_counts[chosen] = forest.bare_trials
+    stage1_oracle = _stage1_counts(true_p, _root_budget(strategy, config), config)
+    extreme = (true_p < EXTREME_SUCCESS) | (true_p > 1.0 - EXTREME_SUCCESS)
     observe = getattr(strategy.estimator, "observe", None)
     if observe is not None:
         observe(forest.finished_trees(history))
@@ -384,11 +426,18 @@ def run_step(
         continuations=ledger.continuations,
         turns=ledger.turns,
         fallback_units=ledger.fallback_units,
+        stage1_value=float(root_value(true_p, started_counts).sum()),
+        stage1_oracle_value=float(root_value(true_p, stage1_oracle).sum()),
+        bare_on_extremes=int(started_counts[extreme].sum()),
+        flips=ledger.flips,
+        root_predictions=()
+        if predicted is None
+        else tuple(zip(predicted.tolist(), true_p.tolist(), strict=True)),
     )
 
 
 def run_strategy(
-    sim_config: SimConfig,
+    make_workload: Callable[[int], Workload],
     seed: int,
     strategy: Strategy,
     config: StepConfig,
@@ -398,13 +447,13 @@ def run_strategy(
     learn: bool = True,
     on_step: Callable[[int, StepResult], None] | None = None,
 ) -> list[StepResult]:
-    """`steps` training steps of one strategy on a fresh workload. The pool of each step depends only on
-    (seed, step), so every strategy sees the same pools."""
-    workload = SimWorkload(sim_config, seed=seed)
+    """`steps` training steps of one strategy on a fresh workload `make_workload(seed)`. Pools are the
+    workload's epochs (`epoch_pool`), which depend only on (seed, step): every strategy sees the same."""
+    workload = make_workload(seed)
     history: dict[str, PromptRecord] = {}
     results = []
     for step in range(steps):
-        pool = workload.sample_pool(pool_size, np.random.default_rng([seed, step, 0]))
+        pool = workload.epoch_pool(step, pool_size)
         result = run_step(
             workload, strategy, pool, history, config, np.random.default_rng([seed, step, 1]), learn=learn
         )
@@ -425,40 +474,12 @@ def _queries(
     ]
 
 
-def _root_counts(
-    workload: SimWorkload,
-    strategy: Strategy,
-    pool: Sequence[Prompt],
-    history: dict[str, PromptRecord],
-    config: StepConfig,
-    rng: np.random.Generator,
-) -> IntArray:
-    budget = config.bare_rollouts if strategy.branching is not Branching.none else config.total_rollouts
-    size = config.group_size
-    if strategy.roots in (Roots.uniform, Roots.greso):
-        # n rollouts for as many prompts as the budget allows; when too few prompts are allowed, the rest
-        # of the budget is dealt evenly over them, so that every rule spends the same budget.
-        keep = None
-        if strategy.roots is Roots.greso:
-            streak = [history.get(prompt.prompt_id, PromptRecord()).zero_variance_streak for prompt in pool]
-            keep = greso_keep(streak, rng, keep_probability=config.greso_keep_probability)
-        return uniform_roots(
-            len(pool), budget, min_rollouts=size, max_rollouts=config.max_rollouts, keep=keep
-        )
-    roots = _queries(pool, [workload.start(prompt.prompt_id) for prompt in pool], history)
-    if strategy.roots is Roots.knapsack:
-        # Knapsack RL uses success rates measured in earlier epochs, not a model.
-        previous = posterior_estimator(roots)
-        return allocate_roots(
-            previous,
-            budget,
-            min_rollouts=config.min_rollouts,
-            max_rollouts=config.max_rollouts,
-            weight=knapsack_weight(previous),
-        ).counts
-    v = _estimate(strategy.estimator, roots)
-    if strategy.roots is Roots.pcl:
-        return pcl_roots(v, budget, rollouts_per_prompt=size)
+def _root_budget(strategy: Strategy, config: StepConfig) -> int:
+    return config.bare_rollouts if strategy.branching is not Branching.none else config.total_rollouts
+
+
+def _stage1_counts(v: FloatArray, budget: int, config: StepConfig) -> IntArray:
+    """TRACE Stage 1 on `v`; on the true probabilities, the best Σ V_root a bare budget can buy."""
     return allocate_roots(
         v,
         budget,
@@ -468,7 +489,47 @@ def _root_counts(
     ).counts
 
 
-def _run_bare(workload: SimWorkload, forest: _Forest, ledger: _Ledger, rng: np.random.Generator) -> None:
+def _root_counts(
+    workload: Workload,
+    strategy: Strategy,
+    pool: Sequence[Prompt],
+    history: dict[str, PromptRecord],
+    config: StepConfig,
+    rng: np.random.Generator,
+) -> tuple[IntArray, FloatArray | None]:
+    """Bare rollouts per pool prompt, and the estimator's predictions at the roots when it was asked."""
+    budget = _root_budget(strategy, config)
+    size = config.group_size
+    if strategy.roots in (Roots.uniform, Roots.greso):
+        # n rollouts for as many prompts as the budget allows; when too few prompts are allowed, the rest
+        # of the budget is dealt evenly over them, so that every rule spends the same budget.
+        keep = None
+        if strategy.roots is Roots.greso:
+            streak = [history.get(prompt.prompt_id, PromptRecord()).zero_variance_streak for prompt in pool]
+            keep = greso_keep(streak, rng, keep_probability=config.greso_keep_probability)
+        counts = uniform_roots(
+            len(pool), budget, min_rollouts=size, max_rollouts=config.max_rollouts, keep=keep
+        )
+        return counts, None
+    roots = _queries(pool, [workload.start(prompt.prompt_id) for prompt in pool], history)
+    if strategy.roots is Roots.knapsack:
+        # Knapsack RL uses success rates measured in earlier epochs, not a model.
+        previous = posterior_estimator(roots)
+        counts = allocate_roots(
+            previous,
+            budget,
+            min_rollouts=config.min_rollouts,
+            max_rollouts=config.max_rollouts,
+            weight=knapsack_weight(previous),
+        ).counts
+        return counts, previous
+    v = _estimate(strategy.estimator, roots)
+    if strategy.roots is Roots.pcl:
+        return pcl_roots(v, budget, rollouts_per_prompt=size), v
+    return _stage1_counts(v, budget, config), v
+
+
+def _run_bare(workload: Workload, forest: _Forest, ledger: _Ledger, rng: np.random.Generator) -> None:
     """Run each tree's planned bare rollouts. Counting turns, whole groups are admitted in pool order
     while their worst case (count · max_turns) fits the turns left, round after round; a group that never
     fits is never started."""
@@ -479,7 +540,7 @@ def _run_bare(workload: SimWorkload, forest: _Forest, ledger: _Ledger, rng: np.r
         else:
             admitted, room = [], ledger.turns_left
             for tree in pending:
-                worst = forest.planned[tree] * workload.config.max_turns
+                worst = forest.planned[tree] * workload.max_turns
                 if worst > room:
                     break
                 admitted.append(tree)
@@ -496,7 +557,7 @@ def _run_bare(workload: SimWorkload, forest: _Forest, ledger: _Ledger, rng: np.r
 
 
 def _branch(
-    workload: SimWorkload,
+    workload: Workload,
     strategy: Strategy,
     forest: _Forest,
     history: dict[str, PromptRecord],
@@ -521,7 +582,7 @@ def _branch(
         ]
         for round_index in range(config.rounds):
             budgets = [tree_units[round_index] for tree_units in units]
-            planned = _plan_round(strategy, forest, history, started, budgets, workload.config, rng, ledger)
+            planned = _plan_round(strategy, forest, history, started, budgets, workload, rng, ledger)
             _run_continuations(workload, forest, planned, ledger, rng)
         return
 
@@ -531,8 +592,8 @@ def _branch(
     pending: list[tuple[int, int]] = []
     while True:
         if not pending:
-            pending = _plan_round(strategy, forest, history, started, allowance, workload.config, rng, ledger)
-        wave, pending = _admit(forest, pending, ledger.turns_left, workload.config.max_turns)
+            pending = _plan_round(strategy, forest, history, started, allowance, workload, rng, ledger)
+        wave, pending = _admit(forest, pending, ledger.turns_left, workload.max_turns)
         if not wave:
             return
         for tree, trajectory in _run_continuations(workload, forest, wave, ledger, rng):
@@ -545,12 +606,13 @@ def _plan_round(
     history: dict[str, PromptRecord],
     started: Sequence[bool],
     budgets: Sequence[int],
-    sim_config: SimConfig,
+    workload: Workload,
     rng: np.random.Generator,
     ledger: _Ledger,
 ) -> list[tuple[int, int]]:
     """One planning round: (tree, node) per planned continuation. `budgets` are continuations per tree
-    when counting rollouts and turn allowances when counting turns."""
+    when counting rollouts and turn allowances when counting turns. Records the outcome each planned
+    prefix is seen to have, against which a continuation's flip is counted."""
     candidates = forest.candidates()
     estimates: Sequence[FloatArray | None] = (
         _prefix_estimates(strategy.estimator, forest, candidates, history)
@@ -563,14 +625,16 @@ def _plan_round(
             continue
         units = budgets[tree]
         if ledger.turn_budget is not None:
-            costs = [
-                sim_config.expected_remaining_turns(forest.states[node].turns) for node in candidate.nodes
-            ]
+            costs = [workload.expected_remaining_turns(forest.states[node]) for node in candidate.nodes]
             units = math.floor(units / float(np.mean(costs)))
         counts, fallback = _plan(candidate, estimates[tree], units, rng)
         ledger.fallback_units += fallback
-        for node, count in zip(candidate.nodes.tolist(), counts.tolist(), strict=True):
+        for node, outcome, count in zip(
+            candidate.nodes.tolist(), candidate.outcome.tolist(), counts.tolist(), strict=True
+        ):
             planned.extend([(tree, node)] * count)
+            if count:
+                forest.observed_outcome[node] = outcome
     return planned
 
 
@@ -593,7 +657,7 @@ def _admit(
 
 
 def _run_continuations(
-    workload: SimWorkload,
+    workload: Workload,
     forest: _Forest,
     planned: Sequence[tuple[int, int]],
     ledger: _Ledger,
@@ -604,6 +668,9 @@ def _run_continuations(
     ledger.charge(trajectories, continuation=True)
     for (tree, node), trajectory in zip(planned, trajectories, strict=True):
         forest.add(tree, node, trajectory, bare=False)
+        # Outcomes are binarised at 0.5, as the trees' targets are.
+        succeeded = (trajectory[-1].reward or 0.0) >= 0.5
+        ledger.flips += succeeded != (forest.observed_outcome[node] >= 0.5)
     return [(tree, trajectory) for (tree, _), trajectory in zip(planned, trajectories, strict=True)]
 
 

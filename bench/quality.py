@@ -1,20 +1,37 @@
-"""Allocation quality side by side: effective ratio and mixed groups at equal budget on the simulator.
+"""Allocation quality side by side: effective ratio and mixed groups at equal budget on each workload
+family, with the regret decomposition against the oracle.
 
-Every strategy runs the same seeds, the same pools and the same budget for several training steps in
-learning mode (a prompt improves only when its group was mixed). Prints one table (effective ratio
-mean ± std over seeds, and per-step means of the rest) and saves a plot of the effective ratio over steps.
+Every strategy runs the same seeds, the same pools (the family's epochs) and the same budget for several
+training steps in learning mode (a prompt improves only when its group was mixed). The first
+`--warm-up` steps run but are not counted (an estimator that learns starts cold). Per family it prints
+one table (effective ratio mean ± std over seeds, and per-step means of the rest) and the regret
+decomposition, and saves a plot of the effective ratio over steps and a reliability diagram.
 
-    python bench/quality.py                        # defaults: a few minutes on one core
-    python bench/quality.py --budget-unit turns    # equal budget in turns instead of rollouts
+    python bench/quality.py                              # defaults: every family, see --help
+    python bench/quality.py --estimator learned          # TRACE's Ṽ is the service's predictor
+    python bench/quality.py --family math --budget-unit turns
+    python bench/quality.py --tune-on react              # report only on the other families
+
+Regret decomposition, per family and strategy (counted steps, mean ± std over seeds where it says so):
+  stage-1 value   Σ_i V_root(p_i, m_i) over the started groups with the true p_i, over the same for the
+                  counts TRACE Stage 1 chooses from the true p_i for the strategy's bare budget (1 = the
+                  oracle's Stage 1)
+  bare on extremes  the share of bare rollouts spent on prompts whose true success is below 0.05 or
+                  above 0.95 (such a group is almost never mixed)
+  flips/cont.     continuations whose outcome differs from the observed outcome below the prefix they
+                  branched from, per continuation; then the same over the oracle's
+  calibration     the estimator's mean prediction at roots whose true success is below 0.02 and above
+                  0.98 (with counts); the reliability diagram bins every root by true p
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -28,31 +45,43 @@ from bench.harness import (
     StepResult,
     Strategy,
     default_strategies,
+    mean_rollout_turns,
     posterior_estimator,
     run_strategy,
 )
 from bench.learned import LearnedEstimator
-from trace_client.sim import SimConfig
+from bench.protocol import add_family_arguments, chosen_families, protocol_line
+from trace_client.sim import FAMILIES, make_workload
 
 ESTIMATORS: dict[str, Callable[[], Estimator]] = {
     "posterior": lambda: posterior_estimator,
     "learned": LearnedEstimator,
 }
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "quality.png"
+DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+#: Calibration at the extremes: mean prediction where the true success is below this or above 1 − it.
+CALIBRATION_EXTREME = 0.02
+RELIABILITY_BINS = 10
+
+#: Per family, per strategy, per seed: the counted steps.
+Results = dict[str, dict[str, list[list[StepResult]]]]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
+    add_family_arguments(parser, "every registered family")
     parser.add_argument("--seeds", type=int, default=3, help="number of seeds (workloads) per strategy")
-    parser.add_argument("--steps", type=int, default=20, help="training steps per seed")
-    parser.add_argument("--prompts", type=int, default=1024, help="prompts in the simulated data set")
-    parser.add_argument("--pool", type=int, default=512, help="candidate prompts offered each step (B)")
-    parser.add_argument("--budget", type=int, default=1024, help="bare rollouts per step (M)")
-    parser.add_argument("--expansion", type=float, default=2.0, help="continuations per bare rollout (N)")
+    parser.add_argument("--steps", type=int, default=10, help="training steps per seed")
+    parser.add_argument("--warm-up", type=int, default=5, help="first steps run but not counted")
     parser.add_argument(
-        "--group-size", type=int, default=8, help="rollouts per prompt of uniform-style rules (n)"
+        "--prompts", type=int, default=None, help="prompts in each family's population (default: its own)"
+    )
+    parser.add_argument("--pool", type=int, default=128, help="candidate prompts offered each step (B)")
+    parser.add_argument("--budget", type=int, default=256, help="bare rollouts per step (M)")
+    parser.add_argument("--expansion", type=float, default=1.0, help="continuations per bare rollout (N)")
+    parser.add_argument(
+        "--group-size", type=int, default=4, help="rollouts per prompt of uniform-style rules (n)"
     )
     parser.add_argument(
         "--budget-unit",
@@ -75,13 +104,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="comma-separated subset of strategies (default: all, in table order)",
     )
     parser.add_argument("--no-learning", action="store_true", help="keep prompt success rates fixed")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to save the plot (PNG)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the PNGs")
     args = parser.parse_args(argv)
-    for name in ("seeds", "steps", "prompts", "pool", "group_size"):
+    for name in ("seeds", "steps", "pool", "group_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.pool > args.prompts:
-        parser.error("--pool cannot exceed --prompts")
+    if not 0 <= args.warm_up < args.steps:
+        parser.error("--warm-up must leave at least one counted step")
+    args.families = chosen_families(parser, args, list(FAMILIES))
     return args
 
 
@@ -102,23 +132,71 @@ def per_step_mean(per_seed: list[list[StepResult]], field: str) -> float:
     return statistics.fmean(getattr(result, field) for seed in per_seed for result in seed)
 
 
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+# --- regret decomposition --------------------------------------------------------------------------
+
+
+def stage1_share(steps: Sequence[StepResult]) -> float:
+    """Σ V_root(p, m) realised under the true p over what the oracle's Stage 1 realises."""
+    oracle = sum(result.stage1_oracle_value for result in steps)
+    return sum(result.stage1_value for result in steps) / oracle if oracle else 1.0
+
+
+def extreme_share(steps: Sequence[StepResult]) -> float:
+    """The share of bare rollouts spent on near-certain prompts (true p < 0.05 or > 0.95)."""
+    bare = sum(result.bare for result in steps)
+    return sum(result.bare_on_extremes for result in steps) / bare if bare else 0.0
+
+
+def flips_per_continuation(steps: Sequence[StepResult]) -> float | None:
+    """Continuations that flipped the outcome they branched from, per continuation (None: none ran)."""
+    continuations = sum(result.continuations for result in steps)
+    return sum(result.flips for result in steps) / continuations if continuations else None
+
+
+def root_pairs(steps: Sequence[StepResult]) -> tuple[np.ndarray, np.ndarray]:
+    """(predicted, true) success of every root the estimator was asked about."""
+    pairs = np.array([pair for result in steps for pair in result.root_predictions], dtype=np.float64)
+    if pairs.size == 0:
+        return np.zeros(0), np.zeros(0)
+    return pairs[:, 0], pairs[:, 1]
+
+
+def extreme_calibration(
+    predicted: np.ndarray, true: np.ndarray, extreme: float = CALIBRATION_EXTREME
+) -> tuple[tuple[float | None, int], tuple[float | None, int]]:
+    """(mean prediction, count) over the roots with true p < `extreme`, and over those > 1 − `extreme`."""
+    answer = []
+    for mask in (true < extreme, true > 1.0 - extreme):
+        count = int(mask.sum())
+        answer.append((float(predicted[mask].mean()) if count else None, count))
+    return answer[0], answer[1]
+
+
+def reliability_bins(
+    predicted: np.ndarray, true: np.ndarray, bins: int = RELIABILITY_BINS
+) -> list[tuple[float, float, int]]:
+    """Roots binned by true p in `bins` equal bins: (mean true p, mean prediction, count), empty bins out."""
+    index = np.minimum((true * bins).astype(np.int64), bins - 1)
+    return [
+        (float(true[index == b].mean()), float(predicted[index == b].mean()), int((index == b).sum()))
+        for b in range(bins)
+        if np.any(index == b)
+    ]
+
+
+# --- the report -------------------------------------------------------------------------------------
+
+
 def print_table(
-    results: dict[str, list[list[StepResult]]],
-    sim_config: SimConfig,
-    config: StepConfig,
-    args: argparse.Namespace,
+    family: str, results: dict[str, list[list[StepResult]]], config: StepConfig, args: argparse.Namespace
 ) -> None:
-    turns_note = f", T = {config.turn_budget} turns" if config.unit is BudgetUnit.turns else ""
-    learning = "off" if args.no_learning else "on"
-    print(
-        f"Allocation quality: {args.seeds} seeds × {args.steps} steps, learning {learning}; "
-        f"pool B = {args.pool} of {args.prompts} prompts"
-    )
-    print(
-        f"M = {config.bare_rollouts} bare rollouts, N = {config.expansion:g}, n = {config.group_size}; "
-        f"equal budget in {config.unit.value}: R = {config.total_rollouts} rollouts{turns_note} "
-        f"(mean rollout {sim_config.expected_turns:.2f} turns)"
-    )
+    counted = f"steps {args.warm_up + 1}–{args.steps} counted" if args.warm_up else "every step counted"
+    turns = f"; T = {config.turn_budget} turns per step" if config.unit is BudgetUnit.turns else ""
+    print(f"\n== {family}: {args.seeds} seeds × {args.steps} steps ({counted}{turns}) ==")
     # Per-step means of these StepResult fields follow the effective ratio: (header, field, decimal places).
     columns = [
         ("mixed", "mixed", 1),
@@ -133,67 +211,144 @@ def print_table(
     print("-" * (len(header) + 11))
     oracle_mixed = sum(r.mixed for seed in results.get("oracle", []) for r in seed)
     for name, per_seed in results.items():
-        seed_ratios = [statistics.fmean(r.effective_ratio for r in seed) for seed in per_seed]
-        spread = statistics.stdev(seed_ratios) if len(seed_ratios) > 1 else 0.0
+        ratio, spread = mean_std([statistics.fmean(r.effective_ratio for r in seed) for seed in per_seed])
         cells = "".join(
             f" {per_step_mean(per_seed, field):>11.{decimals}f}" for _, field, decimals in columns
         )
         mixed = sum(r.mixed for seed in per_seed for r in seed)
         share = f"{mixed / oracle_mixed:.1%}" if oracle_mixed else "—"
-        print(f"{name:<13} {statistics.fmean(seed_ratios):>8.3f} ± {spread:<5.3f}{cells} {share:>10}")
-    print(
-        "effective ratio: mixed / active groups per step, mean over steps, then mean ± std over seeds.\n"
-        "Per-step means: mixed groups; kept (groups the trainer keeps: DAPO drops all-equal groups, the\n"
-        "others keep all); mixed forks (prefixes continuations started from whose subtree holds both\n"
-        "outcomes); rollouts (bare + continuations); turns; skipped (pool prompts given no rollout).\n"
-        "of oracle: mixed groups as a share of the oracle's."
-    )
+        print(f"{name:<13} {ratio:>8.3f} ± {spread:<5.3f}{cells} {share:>10}")
     if "trace" in results and "uniform" in results:
         trace = per_step_mean(results["trace"], "effective_ratio")
         uniform = per_step_mean(results["uniform"], "effective_ratio")
         print(f"full TRACE vs uniform effective ratio: ×{trace / uniform:.2f} (paper, Qwen3-8B: ×2.26)")
 
 
-def plot(results: dict[str, list[list[StepResult]]], args: argparse.Namespace) -> None:
+def print_regret(family: str, results: dict[str, list[list[StepResult]]]) -> None:
+    oracle_flips = flips_per_continuation([r for seed in results.get("oracle", []) for r in seed])
+    print(f"Regret decomposition ({family}; stage-1 value and bare on extremes: mean ± std over seeds):")
+    header = (
+        f"{'strategy':<13} {'stage-1 value':>15} {'bare on extremes':>17} {'flips/cont.':>12}"
+        f" {'of oracle':>10} {'Ṽ at true p<0.02 (n)':>22} {'Ṽ at true p>0.98 (n)':>22}"
+    )
+    print(header)
+    print("-" * len(header))
+    for name, per_seed in results.items():
+        value, value_spread = mean_std([stage1_share(seed) for seed in per_seed])
+        extreme, extreme_spread = mean_std([extreme_share(seed) for seed in per_seed])
+        everything = [r for seed in per_seed for r in seed]
+        flips = flips_per_continuation(everything)
+        flips_cell = "—" if flips is None else f"{flips:.3f}"
+        of_oracle = "—" if flips is None or not oracle_flips else f"{flips / oracle_flips:.1%}"
+        predicted, true = root_pairs(everything)
+        low, high = extreme_calibration(predicted, true)
+        calibration = [
+            "—" if not predicted.size else ("none" if mean is None else f"{mean:.3f} ({count})")
+            for mean, count in (low, high)
+        ]
+        print(
+            f"{name:<13} {value:>7.3f} ± {value_spread:<5.3f} {extreme:>9.1%} ± {extreme_spread:<5.1%}"
+            f" {flips_cell:>12} {of_oracle:>10} {calibration[0]:>22} {calibration[1]:>22}"
+        )
+
+
+def print_legend(config: StepConfig, args: argparse.Namespace) -> None:
+    turns = args.budget_unit == BudgetUnit.turns.value
+    turns_note = " (T = R × the family's mean rollout length)" if turns else ""
+    learning = "off" if args.no_learning else "on"
+    print(
+        f"\nAllocation quality: {args.seeds} seeds × {args.steps} steps, learning {learning}, estimator "
+        f"{args.estimator}; pool B = {args.pool}; M = {config.bare_rollouts} bare rollouts, "
+        f"N = {config.expansion:g}, n = {config.group_size}; equal budget in {args.budget_unit}: "
+        f"R = {config.total_rollouts} rollouts{turns_note}"
+    )
+    print(protocol_line(args, args.families))
+    print(
+        "effective ratio: mixed / active groups per step, mean over steps, then mean ± std over seeds.\n"
+        "Per-step means: mixed groups; kept (groups the trainer keeps: DAPO drops all-equal groups, the\n"
+        "others keep all); mixed forks (prefixes continuations started from whose subtree holds both\n"
+        "outcomes); rollouts (bare + continuations); turns; skipped (pool prompts given no rollout).\n"
+        "of oracle: mixed groups as a share of the oracle's. Regret decomposition: see --help."
+    )
+
+
+def plot_ratios(results: Results, args: argparse.Namespace) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    figure, axes = plt.subplots(figsize=(9, 5.5))
-    steps = np.arange(1, args.steps + 1)
-    for name, per_seed in results.items():
-        ratios = np.array([[r.effective_ratio for r in seed] for seed in per_seed])
-        mean, spread = ratios.mean(axis=0), ratios.std(axis=0)
-        (line,) = axes.plot(
-            steps,
-            mean,
-            label=name,
-            linewidth=2.2 if name in ("trace", "oracle") else 1.3,
-            # DAPO allocates exactly like uniform: dash it so that both lines stay visible.
-            linestyle="--" if name == "dapo" else "-",
-        )
-        axes.fill_between(steps, mean - spread, mean + spread, color=line.get_color(), alpha=0.12)
-    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
-    axes.set_xlabel("training step")
-    axes.set_ylabel("effective ratio (mixed / active groups)")
-    axes.set_ylim(0, 1)
-    axes.set_title(
-        f"Equal budget in {args.budget_unit}: effective ratio per step (mean ± std over {args.seeds} seeds)"
-    )
-    axes.grid(alpha=0.3)
-    axes.legend(ncol=2, fontsize=8)
+    families = list(results)
+    figure, grid = plt.subplots(1, len(families), figsize=(6 * len(families), 5), squeeze=False)
+    steps = np.arange(args.warm_up + 1, args.steps + 1)
+    for axes, family in zip(grid[0], families, strict=True):
+        for name, per_seed in results[family].items():
+            ratios = np.array([[r.effective_ratio for r in seed] for seed in per_seed])
+            mean, spread = ratios.mean(axis=0), ratios.std(axis=0)
+            (line,) = axes.plot(
+                steps,
+                mean,
+                label=name,
+                linewidth=2.2 if name in ("trace", "oracle") else 1.3,
+                # DAPO allocates exactly like uniform: dash it so that both lines stay visible.
+                linestyle="--" if name == "dapo" else "-",
+            )
+            axes.fill_between(steps, mean - spread, mean + spread, color=line.get_color(), alpha=0.12)
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axes.set_xlabel("training step")
+        axes.set_ylabel("effective ratio (mixed / active groups)")
+        axes.set_ylim(0, 1)
+        axes.set_title(f"{family} (mean ± std over {args.seeds} seeds)")
+        axes.grid(alpha=0.3)
+    grid[0][0].legend(ncol=2, fontsize=8)
+    figure.suptitle(f"Equal budget in {args.budget_unit}: effective ratio per counted step")
     figure.tight_layout()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(args.out, dpi=120)
+    path = args.out / "quality.png"
+    figure.savefig(path, dpi=110)
     plt.close(figure)
+    return path
+
+
+def plot_reliability(results: Results, args: argparse.Namespace) -> Path:
+    """Per family: roots binned by true p, the estimator's mean prediction against the bin's mean true p,
+    with the count of each bin; the diagonal is perfect calibration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    families = list(results)
+    figure, grid = plt.subplots(1, len(families), figsize=(5.5 * len(families), 5), squeeze=False)
+    for axes, family in zip(grid[0], families, strict=True):
+        axes.plot([0, 1], [0, 1], color="grey", linewidth=1, linestyle=":")
+        for name, per_seed in results[family].items():
+            predicted, true = root_pairs([r for seed in per_seed for r in seed])
+            if name == "oracle" or not predicted.size:
+                continue  # the oracle sits on the diagonal
+            rows = reliability_bins(predicted, true)
+            (line,) = axes.plot([r[0] for r in rows], [r[1] for r in rows], marker="o", label=name)
+            if name == "trace":
+                for mean_true, mean_predicted, count in rows:
+                    axes.annotate(str(count), (mean_true, mean_predicted), fontsize=7, color=line.get_color(),
+                                  xytext=(3, -9), textcoords="offset points")  # fmt: skip
+        axes.set_xlabel("true success at the root (bin mean)")
+        axes.set_ylabel("predicted Ṽ (bin mean)")
+        axes.set_xlim(0, 1)
+        axes.set_ylim(0, 1)
+        axes.set_title(f"{family}: {args.estimator} estimator at roots (counts: trace)")
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=8)
+    figure.tight_layout()
+    path = args.out / "quality-reliability.png"
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    sim_config = SimConfig(prompts=args.prompts)
-    config = StepConfig(
+    step_config = StepConfig(
         bare_rollouts=args.budget,
         expansion=args.expansion,
         group_size=args.group_size,
@@ -201,31 +356,40 @@ def main(argv: list[str] | None = None) -> None:
         max_rollouts=args.max_rollouts,
         max_prompts=args.max_prompts,
         rounds=args.rounds,
-    ).counted_in(BudgetUnit(args.budget_unit), sim_config)
-    results: dict[str, list[list[StepResult]]] = {strategy.name: [] for strategy in select_strategies(args)}
+    )
+    results: Results = {}
     started = time.perf_counter()
-    for seed in range(args.seeds):
-        for strategy in select_strategies(args):
-            began = time.perf_counter()
-            per_step = run_strategy(
-                sim_config,
-                seed,
-                strategy,
-                config,
-                steps=args.steps,
-                pool_size=args.pool,
-                learn=not args.no_learning,
-            )
-            results[strategy.name].append(per_step)
-            ratio = statistics.fmean(r.effective_ratio for r in per_step)
-            print(
-                f"[{time.perf_counter() - started:6.1f}s] seed {seed + 1}/{args.seeds} {strategy.name:<13} "
-                f"effective ratio {ratio:.3f} ({time.perf_counter() - began:.1f}s)",
-                file=sys.stderr,
-            )
-    print_table(results, sim_config, config, args)
-    plot(results, args)
-    print(f"plot: {args.out}")
+    for family in args.families:
+        make = functools.partial(make_workload, family, prompts=args.prompts)
+        # Equal turns: R × the family's mean rollout length, measured on seed 0 before any learning.
+        config = step_config.counted_in(BudgetUnit(args.budget_unit), mean_rollout_turns(make(0)))
+        family_results: dict[str, list[list[StepResult]]] = {}
+        for seed in range(args.seeds):
+            for strategy in select_strategies(args):
+                began = time.perf_counter()
+                per_step = run_strategy(
+                    make,
+                    seed,
+                    strategy,
+                    config,
+                    steps=args.steps,
+                    pool_size=args.pool,
+                    learn=not args.no_learning,
+                )[args.warm_up :]
+                family_results.setdefault(strategy.name, []).append(per_step)
+                ratio = statistics.fmean(r.effective_ratio for r in per_step)
+                print(
+                    f"[{time.perf_counter() - started:6.1f}s] {family} seed {seed + 1}/{args.seeds} "
+                    f"{strategy.name:<13} effective ratio {ratio:.3f} ({time.perf_counter() - began:.1f}s)",
+                    file=sys.stderr,
+                )
+        results[family] = family_results
+        print_table(family, family_results, config, args)
+        print_regret(family, family_results)
+    print_legend(step_config, args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(f"plots: {plot_ratios(results, args)}, {plot_reliability(results, args)}")
+    print(f"wall time {time.perf_counter() - started:.0f} s")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
-"""The simulated workload (`trace_client.sim`) as driver callables: it plays the generation workers in
-the demo, the tests and anyone's dry run of the driver.
+"""A simulated workload family (`trace_client.sim`) as driver callables: it plays the generation workers
+in the demo, the tests, the benchmarks and anyone's dry run of the driver.
 
 Each turn's `TurnResult.state` is the simulator's `RolloutState` after that turn, so a continuation
 resumes exactly from its prefix. Turns requested in the same event-loop pass are stepped together in one
-vectorised `SimWorkload.step_many` call.
+vectorised `Workload.step_many` call.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import asyncio
 import numpy as np
 
 from trace_client.driver import History, StepResult, TurnResult
-from trace_client.sim import Prompt, RolloutState, SimWorkload
+from trace_client.sim import Prompt, RolloutState
+from trace_client.sim.base import Workload
 from trace_proto import PromptIn
 
 
@@ -24,9 +25,9 @@ def prompt_in(prompt: Prompt) -> PromptIn:
 
 
 class SimAgent:
-    """`next_turn` over a `SimWorkload`; `learn` feeds a finished step back in learning mode."""
+    """`next_turn` over any `Workload`; `learn` feeds a finished step back in learning mode."""
 
-    def __init__(self, workload: SimWorkload, rng: np.random.Generator) -> None:
+    def __init__(self, workload: Workload, rng: np.random.Generator) -> None:
         self.workload = workload
         self.rng = rng
         self._pending: list[tuple[RolloutState, asyncio.Future[RolloutState]]] = []

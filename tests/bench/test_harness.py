@@ -1,5 +1,7 @@
-"""The benchmark harness keeps its books: equal budgets, never exceeded, in rollouts and in turns."""
+"""The benchmark harness keeps its books on any workload family: equal budgets, never exceeded, in
+rollouts and in turns."""
 
+import functools
 import math
 import sys
 from collections.abc import Sequence
@@ -8,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trace_client.sim import Prompt, RolloutState, SimConfig, SimWorkload, VocabularyConfig
+from trace_client.sim import FAMILIES, Prompt, RolloutState, VocabularyConfig, Workload, make_workload
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root holds `bench`
 
@@ -21,6 +23,7 @@ from bench.harness import (
     StepConfig,
     Strategy,
     default_strategies,
+    mean_rollout_turns,
     oracle_estimator,
     posterior_estimator,
     run_step,
@@ -28,16 +31,22 @@ from bench.harness import (
 )
 
 # Small enough for a fast file, large enough that every strategy has choices to make.
-SIM = SimConfig(prompts=192, vocabulary=VocabularyConfig(distractor_words=400))
+make_react = functools.partial(
+    FAMILIES["react"], prompts=192, vocabulary=VocabularyConfig(distractor_words=400)
+)
 POOL = 64
 BARE = 128
 STRATEGIES = default_strategies()
 BY_NAME = {strategy.name: strategy for strategy in STRATEGIES}
 
 
-def fresh_pool(seed: int = 0) -> tuple[SimWorkload, list[Prompt]]:
-    workload = SimWorkload(SIM, seed=seed)
-    return workload, workload.sample_pool(POOL, np.random.default_rng(seed))
+def fresh_pool(seed: int = 0) -> tuple[Workload, list[Prompt]]:
+    workload = make_react(seed)
+    return workload, workload.epoch_pool(0, POOL)
+
+
+def turn_budget(config: StepConfig) -> StepConfig:
+    return config.counted_in(BudgetUnit.turns, mean_rollout_turns(make_react(0)))
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda strategy: strategy.name)
@@ -61,7 +70,7 @@ def test_rollout_budget_is_equal_and_never_exceeded(strategy: Strategy) -> None:
 
 @pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda strategy: strategy.name)
 def test_turn_budget_is_never_exceeded_and_mostly_spent(strategy: Strategy) -> None:
-    config = StepConfig(bare_rollouts=BARE, expansion=2.0).counted_in(BudgetUnit.turns, SIM)
+    config = turn_budget(StepConfig(bare_rollouts=BARE, expansion=2.0))
     workload, pool = fresh_pool()
     result = run_step(workload, strategy, pool, {}, config, np.random.default_rng(1))
     assert result.turns <= config.turn_budget
@@ -74,7 +83,7 @@ def test_deep_continuations_are_cheaper_in_turns() -> None:
     """Counting turns, a strategy that branches starts more rollouts than R: continuations from deep
     prefixes cost less than a whole rollout."""
     trace = BY_NAME["oracle"]
-    config = StepConfig(bare_rollouts=BARE, expansion=2.0).counted_in(BudgetUnit.turns, SIM)
+    config = turn_budget(StepConfig(bare_rollouts=BARE, expansion=2.0))
     workload, pool = fresh_pool()
     result = run_step(workload, trace, pool, {}, config, np.random.default_rng(1))
     assert result.rollouts > config.total_rollouts
@@ -83,7 +92,7 @@ def test_deep_continuations_are_cheaper_in_turns() -> None:
 def test_oracle_finds_more_contrast_than_blind_rules() -> None:
     config = StepConfig(bare_rollouts=BARE, expansion=2.0)
     runs = {
-        name: run_strategy(SIM, 3, BY_NAME[name], config, steps=3, pool_size=POOL)
+        name: run_strategy(make_react, 3, BY_NAME[name], config, steps=3, pool_size=POOL)
         for name in ("uniform", "treepo", "oracle")
     }
     mixed = {name: sum(r.mixed for r in results) for name, results in runs.items()}
@@ -95,13 +104,13 @@ def test_oracle_finds_more_contrast_than_blind_rules() -> None:
 def test_runs_are_reproducible() -> None:
     config = StepConfig(bare_rollouts=BARE, expansion=2.0)
     trace = BY_NAME["trace"]
-    first = run_strategy(SIM, 5, trace, config, steps=2, pool_size=POOL)
-    assert first == run_strategy(SIM, 5, trace, config, steps=2, pool_size=POOL)
+    first = run_strategy(make_react, 5, trace, config, steps=2, pool_size=POOL)
+    assert first == run_strategy(make_react, 5, trace, config, steps=2, pool_size=POOL)
 
 
 def test_dapo_keeps_only_mixed_groups() -> None:
     config = StepConfig(bare_rollouts=BARE, expansion=2.0)
-    for result in run_strategy(SIM, 1, BY_NAME["dapo"], config, steps=2, pool_size=POOL):
+    for result in run_strategy(make_react, 1, BY_NAME["dapo"], config, steps=2, pool_size=POOL):
         assert result.kept == result.mixed
         assert result.active > result.mixed
 
@@ -109,16 +118,31 @@ def test_dapo_keeps_only_mixed_groups() -> None:
 def test_learning_moves_only_the_mixed_prompts() -> None:
     config = StepConfig(bare_rollouts=BARE, expansion=2.0)
     uniform = BY_NAME["uniform"]
-    workload = SimWorkload(SIM, seed=2)
+    workload = make_react(2)
     ids = [prompt.prompt_id for prompt in workload.prompts]
     before = workload.true_success_many(ids)
-    pool = workload.sample_pool(POOL, np.random.default_rng(0))
+    pool = workload.epoch_pool(0, POOL)
     history: dict[str, PromptRecord] = {}
     result = run_step(workload, uniform, pool, history, config, np.random.default_rng(1))
     moved = {ids[index] for index in np.flatnonzero(workload.true_success_many(ids) != before)}
     mixed = {prompt_id for prompt_id, record in history.items() if record.zero_variance_streak == 0}
     assert moved == mixed
     assert len(moved) == result.mixed
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("unit", list(BudgetUnit))
+def test_every_family_keeps_the_books(family: str, unit: BudgetUnit) -> None:
+    """The harness needs only the `Workload` interface: every family, both budget units."""
+    workload = make_workload(family, 0, prompts=256)
+    config = StepConfig(bare_rollouts=BARE, expansion=1.0, group_size=4)
+    config = config.counted_in(unit, mean_rollout_turns(workload))
+    pool = workload.epoch_pool(0, POOL)
+    for name in ("uniform", "trace", "oracle"):
+        result = run_step(workload, BY_NAME[name], pool, {}, config, np.random.default_rng(1), learn=False)
+        assert result.rollouts <= config.total_rollouts or unit is BudgetUnit.turns
+        assert unit is BudgetUnit.rollouts or result.turns <= config.turn_budget
+        assert result.active + result.skipped == POOL
 
 
 class RecordingEstimator:

@@ -1,0 +1,43 @@
+"""The benchmarks' family protocol: `--family` picks workload families, `--tune-on FAMILY` names the one
+family every allocation choice (a feature, a default, a threshold) was tuned on, which is then left out
+of the report, so that what is reported was never tuned on."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+
+def add_family_arguments(parser: argparse.ArgumentParser, default_help: str) -> None:
+    parser.add_argument("--family", default=None, help=f"family or comma list (default: {default_help})")
+    parser.add_argument(
+        "--tune-on",
+        default=None,
+        metavar="FAMILY",
+        help="the family allocation choices were tuned on: run and report only the others",
+    )
+
+
+def chosen_families(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, known: Sequence[str]
+) -> list[str]:
+    """`--family` (default: every one of `known`) without `--tune-on`'s family; errors through `parser`."""
+    wanted = list(known) if args.family is None else [name.strip() for name in args.family.split(",")]
+    named = [name for name in wanted if name] + ([args.tune_on] if args.tune_on else [])
+    unknown = [name for name in named if name not in known]
+    if unknown:
+        parser.error(f"unknown families {unknown}; choose from {', '.join(known)}")
+    reported = [name for name in wanted if name and name != args.tune_on]
+    if not reported:
+        parser.error(f"--tune-on {args.tune_on} leaves no family to report on")
+    return reported
+
+
+def protocol_line(args: argparse.Namespace, families: Sequence[str]) -> str:
+    """What the report covers, said in the output."""
+    if args.tune_on:
+        return (
+            f"Tuned on {args.tune_on}: reporting only on the other families ({', '.join(families)}); "
+            f"{args.tune_on} was not run."
+        )
+    return f"Families: {', '.join(families)} (no --tune-on: nothing is held out of the report)."

@@ -1,0 +1,83 @@
+"""The regret decomposition's pieces: on hand-made step results, and on steps the harness ran."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from tiny_policy_workload import TinyPolicyWorkload
+
+from bench.harness import StepConfig, StepResult, default_strategies, run_step
+from bench.quality import (
+    extreme_calibration,
+    extreme_share,
+    flips_per_continuation,
+    reliability_bins,
+    root_pairs,
+    stage1_share,
+)
+
+STEP = StepResult(
+    pool=8, active=8, mixed=4, kept=8, mixed_forks=0, rollouts=32, continuations=0, turns=64,
+    fallback_units=0, stage1_value=3.0, stage1_oracle_value=4.0, bare_on_extremes=8, flips=0,
+    root_predictions=(),
+)  # fmt: skip
+ORACLE = next(strategy for strategy in default_strategies() if strategy.name == "oracle")
+
+
+def test_stage1_share_pools_the_steps() -> None:
+    other = dataclasses.replace(STEP, stage1_value=5.0, stage1_oracle_value=6.0)
+    assert stage1_share([STEP]) == pytest.approx(0.75)
+    assert stage1_share([STEP, other]) == pytest.approx(8.0 / 10.0)
+
+
+def test_extreme_share_counts_bare_rollouts_only() -> None:
+    branched = dataclasses.replace(STEP, rollouts=48, continuations=16)
+    assert extreme_share([STEP]) == pytest.approx(8 / 32)
+    assert extreme_share([branched]) == pytest.approx(8 / 32)
+
+
+def test_flips_per_continuation() -> None:
+    assert flips_per_continuation([STEP]) is None
+    branched = dataclasses.replace(STEP, rollouts=48, continuations=16, flips=4)
+    assert flips_per_continuation([branched, STEP]) == pytest.approx(0.25)
+
+
+def test_calibration_at_the_extremes_and_in_bins() -> None:
+    true = np.array([0.01, 0.0, 0.5, 0.55, 0.99, 1.0])
+    predicted = np.array([0.1, 0.2, 0.4, 0.6, 0.8, 0.9])
+    (low, low_count), (high, high_count) = extreme_calibration(predicted, true)
+    assert (low, low_count) == (pytest.approx(0.15), 2)
+    assert (high, high_count) == (pytest.approx(0.85), 2)
+    # Bins by true p, [0, 0.5) and [0.5, 1]: (mean true p, mean prediction, count).
+    assert reliability_bins(predicted, true, bins=2) == [
+        (pytest.approx(0.005), pytest.approx(0.15), 2),
+        (pytest.approx(0.76), pytest.approx(0.675), 4),
+    ]
+    none, _ = extreme_calibration(predicted[2:4], true[2:4])
+    assert none == (None, 0)
+
+
+def tiny_step(rewards: list[list[list[float]]]) -> StepResult:
+    workload = TinyPolicyWorkload(rewards)
+    config = StepConfig(bare_rollouts=4 * len(rewards), expansion=2.0, min_rollouts=2, max_rollouts=8)
+    return run_step(workload, ORACLE, workload.prompts, {}, config, np.random.default_rng(0), learn=False)
+
+
+def test_the_oracle_against_itself_is_one_and_reads_the_truth() -> None:
+    rewards = [[[0.9, 0.7], [0.1, 0.2]], [[0.5, 0.5], [0.4, 0.6]], [[0.02, 0.01], [0.0, 0.03]]]
+    result = tiny_step(rewards)
+    assert result.stage1_value == pytest.approx(result.stage1_oracle_value)
+    assert stage1_share([result]) == pytest.approx(1.0)
+    predicted, true = root_pairs([result])
+    assert predicted.tolist() == pytest.approx(true.tolist())
+    # The third task succeeds with p < 0.05: the oracle spends no bare rollout on it.
+    assert result.bare_on_extremes == 0
+
+
+def test_a_decided_prefix_never_flips() -> None:
+    """The reward is decided by the first action: a continuation from the first turn repeats it."""
+    result = tiny_step([[[1.0, 1.0], [0.0, 0.0]]])
+    assert result.continuations > 0
+    assert result.flips == 0
