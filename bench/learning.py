@@ -1,0 +1,742 @@
+"""Learning speed per unit of rollout compute: a policy-gradient learner on each policy workload family,
+with arms that differ only in how the rollouts are allocated.
+
+    python bench/learning.py                          # defaults: every policy family, see --help
+    python bench/learning.py --quick --family math    # a one-minute smoke run
+    python bench/learning.py --family math,toolcall --arms uniform,trace,oracle
+    python bench/learning.py --tune-on math           # report only on the other families
+
+Arms, each with its own copy of the policy θ (the family's initial policy) and its own service job:
+  uniform        GRPO: R = M + ⌊M·N⌋ bare rollouts dealt evenly over the pool, no branching
+  <policy>       every allocation policy of the v1 contract (`trace_proto.Policy`) with M bare rollouts
+                 and expansion N (the contract's `uniform` policy, uniform Stage 1 and 2, is `uniform_tree`)
+  oracle         TRACE Stage 1 and Stage 2 on the workload's true probabilities, in process
+                 (`bench.harness.run_step`, the same `trace_service.allocation` functions the service uses)
+
+The service's predictor is one per process (jobs share it), so every arm whose policy reads Ṽ drives its
+own `trace-rollout serve` process, whose predictor learns only from that arm's trees; the arms whose
+policies never read it (uniform, dapo, greso, treepo) share one serve-only process. One redis-server
+serves them all, each process under its own key prefix. A step: the pool is the family's epoch slice
+(`epoch_pool(step, B)`, the training seed); the arm allocates over HTTP with its policy, the driver runs
+the rollouts with the arm's policy (θ fixed during the step), every tree is fetched, and θ takes one
+policy-gradient step. Then the held-out success — the exact mean success of the held-out tasks (another
+seed of the family) under θ — is recorded.
+
+The gradient: each sampled turn t (a tree node: shared prefixes count once) contributes
+A_t ∇_θ log π_θ(a_t | c_t), averaged over every sampled turn of the step (token-level averaging as in
+DAPO, one turn being one token). A_t is the service's per-node tree advantage (`GET /v1/trees/{id}`) on
+arms that branch, and the GRPO group baseline r − mean(group) on uniform's flat groups (not divided by
+the group's std, as in Dr. GRPO: the tree advantages are not either, and without it the estimate stays a
+fixed multiple of the true gradient). DAPO's arm trains on its mixed groups only (its filter). The step
+is Adam (default) or plain SGD with `--lr`.
+
+Reported per family and seed: each arm's final held-out success; the turns and the rollouts it needed to
+reach uniform's final success (the first crossing of its curve over cumulative cost, interpolated
+linearly between steps), as ratios to uniform's own; mixed groups per step; effective ratio (mixed /
+active groups). Then a summary over seeds, and learning curves as PNGs (`bench/results/`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.harness import Branching, Query, Roots, StepConfig, Strategy, run_step
+from bench.harness import FinishedTree as ForestTree
+from bench.load import RedisProcess, ServiceProcess
+from bench.protocol import add_family_arguments, chosen_families, protocol_line
+from trace_client import AsyncTraceClient
+from trace_client.adapters.sim import SimAgent, prompt_in
+from trace_client.driver import DriverConfig, FinishedTree, RolloutDriver
+from trace_client.sim import FAMILIES, Prompt, RolloutState, make_workload
+from trace_client.sim.base import PolicyWorkload
+from trace_proto import AllocateRequest, Policy
+from trace_service.tree import advantages, tree_targets
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+UNIFORM = "uniform"
+UNIFORM_TREE = "uniform_tree"
+ORACLE = "oracle"
+#: Policies whose Stage 1 and Stage 2 never read Ṽ (the contract's `Policy` docs): their arms share one
+#: serve-only process. Any other policy, a new one included, gets its own process and predictor.
+PREDICTOR_FREE = frozenset({Policy.UNIFORM, Policy.DAPO, Policy.GRESO, Policy.TREEPO})
+#: Held-out tasks of training seed s come from seed s + this: another draw of the same family.
+HELD_OUT_SEED_OFFSET = 10_000
+DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+#: One torch thread per service (several share two cores); a short training interval so that a step's
+#: trees reach the predictor soon after the step.
+TRAIN_INTERVAL_SECONDS = 0.5
+SERVICE_SETTINGS = {
+    "TRACE_TORCH_THREADS": "1",
+    "TRACE_PREDICTOR_DEVICE": "cpu",
+    "TRACE_TRAIN_INTERVAL_SECONDS": str(TRAIN_INTERVAL_SECONDS),
+    "TRACE_LOG_LEVEL": "WARNING",
+}
+
+
+# --- the learner ---------------------------------------------------------------------------------------
+
+
+def softmax(theta: FloatArray) -> FloatArray:
+    """π_θ(· | c) = softmax(θ[c]) row by row."""
+    shifted = np.exp(theta - theta.max(axis=-1, keepdims=True))
+    return np.asarray(shifted / shifted.sum(axis=-1, keepdims=True), dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class SampledTurns:
+    """The sampled turns of a batch: the context each action was chosen in, the action, its advantage."""
+
+    contexts: IntArray
+    actions: IntArray
+    advantages: FloatArray
+
+    @property
+    def size(self) -> int:
+        return int(self.contexts.size)
+
+    @staticmethod
+    def concat(parts: Sequence[SampledTurns]) -> SampledTurns:
+        if not parts:
+            return SampledTurns(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
+        return SampledTurns(
+            np.concatenate([part.contexts for part in parts]),
+            np.concatenate([part.actions for part in parts]),
+            np.concatenate([part.advantages for part in parts]),
+        )
+
+
+def policy_gradient(theta: FloatArray, turns: SampledTurns) -> FloatArray:
+    """(1/T) Σ_t A_t ∇_θ log π_θ(a_t | c_t) over the T sampled turns; ∇_θ[c] log softmax(θ[c])_a is
+    e_a − π_θ(· | c), and zero in every other row."""
+    gradient = np.zeros_like(theta)
+    if turns.size == 0:
+        return gradient
+    np.add.at(gradient, (turns.contexts, turns.actions), turns.advantages)
+    per_context = np.bincount(turns.contexts, weights=turns.advantages, minlength=theta.shape[0])
+    gradient -= per_context[:, None] * softmax(theta)
+    return gradient / turns.size
+
+
+def _sampled_turns(
+    workload: PolicyWorkload, prompt_id: str, turns: Iterable[tuple[RolloutState, RolloutState | None, float]]
+) -> SampledTurns:
+    """(state after the turn, state before it or None at the prompt, advantage) → sampled turns."""
+    start_context = workload.context_of(workload.start(prompt_id))
+    contexts, actions, values = [], [], []
+    for after, before, advantage in turns:
+        action = after.history[-1].action
+        if action is None:
+            raise ValueError(f"a turn of {prompt_id!r} records no action: not a policy family's turn")
+        contexts.append(start_context if before is None else workload.context_of(before))
+        actions.append(action)
+        values.append(advantage)
+    return SampledTurns(
+        np.asarray(contexts, dtype=np.int64), np.asarray(actions, dtype=np.int64), np.asarray(values)
+    )
+
+
+def service_tree_turns(workload: PolicyWorkload, finished: FinishedTree, *, flat: bool) -> SampledTurns:
+    """A tree the service exported: per node the service's advantage, or on a flat group (bare
+    rollouts only) the GRPO baseline V̂(node) − V̂(root) = r − mean(group), each node lying on exactly
+    one rollout. Failure leaves (not policy turns) and nodes without a scored leaf are left out."""
+    tree = finished.tree
+
+    def state_of(node_id: str) -> RolloutState:
+        state = finished.turns[node_id].state
+        if not isinstance(state, RolloutState):
+            raise TypeError(f"node {node_id!r} carries no simulator state: it was not made by SimAgent")
+        return state
+
+    rows = []
+    for node in tree.nodes:
+        if node.node_id not in finished.turns or node.value is None or tree.value is None:
+            continue
+        advantage = node.value - tree.value if flat else node.advantage
+        assert advantage is not None  # defined wherever the node has a scored leaf
+        before = None if node.parent_id is None else state_of(node.parent_id)
+        rows.append((state_of(node.node_id), before, advantage))
+    return _sampled_turns(workload, tree.prompt_id, rows)
+
+
+def forest_tree_turns(workload: PolicyWorkload, tree: ForestTree) -> SampledTurns:
+    """A tree of the in-process oracle, with the advantage the service defines (`trace_service.tree`)."""
+    advantage = advantages(tree.parent, tree_targets(tree.parent, tree.reward))
+    rows = [
+        (state, None if parent < 0 else tree.states[parent], float(advantage[i]))
+        for i, (state, parent) in enumerate(zip(tree.states, tree.parent, strict=True))
+    ]
+    return _sampled_turns(workload, tree.prompt.prompt_id, rows)
+
+
+class Adam:
+    """Adam (Kingma & Ba) ascending the objective."""
+
+    def __init__(self, lr: float, beta1: float = 0.9, beta2: float = 0.999) -> None:
+        self.lr, self.beta1, self.beta2 = lr, beta1, beta2
+        self.mean: FloatArray | float = 0.0
+        self.square: FloatArray | float = 0.0
+        self.steps = 0
+
+    def step(self, gradient: FloatArray) -> FloatArray:
+        """The change of θ for one ascent step along `gradient`."""
+        self.steps += 1
+        self.mean = self.beta1 * self.mean + (1 - self.beta1) * gradient
+        self.square = self.beta2 * self.square + (1 - self.beta2) * gradient**2
+        mean = self.mean / (1 - self.beta1**self.steps)
+        square = self.square / (1 - self.beta2**self.steps)
+        return np.asarray(self.lr * mean / (np.sqrt(square) + 1e-8), dtype=np.float64)
+
+
+class SGD:
+    """Plain gradient ascent."""
+
+    def __init__(self, lr: float) -> None:
+        self.lr = lr
+
+    def step(self, gradient: FloatArray) -> FloatArray:
+        return self.lr * gradient
+
+
+OPTIMIZERS = {"adam": Adam, "sgd": SGD}
+
+
+# --- arms ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Arm:
+    """An allocation rule and its budget; `policy` None is the in-process oracle."""
+
+    name: str
+    policy: Policy | None
+    budget: int
+    expansion: float
+
+    @property
+    def flat(self) -> bool:
+        """Bare rollouts only: its groups are GRPO groups."""
+        return self.expansion == 0
+
+    @property
+    def reads_predictor(self) -> bool:
+        return self.policy is not None and self.policy not in PREDICTOR_FREE
+
+    @property
+    def mixed_groups_only(self) -> bool:
+        """DAPO's dynamic sampling keeps only the mixed groups for training."""
+        return self.policy is Policy.DAPO
+
+
+def build_arms(bare: int, expansion: float) -> list[Arm]:
+    """uniform, every policy of the contract at (M, N), and the oracle, all at R = M + ⌊M·N⌋ rollouts."""
+    total = bare + math.floor(bare * expansion)
+    arms = [Arm(UNIFORM, Policy.UNIFORM, total, 0.0)]
+    arms += [
+        Arm(UNIFORM_TREE if policy is Policy.UNIFORM else policy.value, policy, bare, expansion)
+        for policy in Policy
+    ]
+    arms.append(Arm(ORACLE, None, bare, expansion))
+    return arms
+
+
+@dataclass
+class Curve:
+    """One arm's run: held-out success after 0, 1, … updates, cumulative cost, per-step groups."""
+
+    success: list[float] = field(default_factory=list)
+    rollouts: list[int] = field(default_factory=lambda: [0])
+    turns: list[int] = field(default_factory=lambda: [0])
+    mixed: list[int] = field(default_factory=list)
+    active: list[int] = field(default_factory=list)
+
+    @property
+    def effective_ratio(self) -> float:
+        return statistics.fmean(m / a if a else 0.0 for m, a in zip(self.mixed, self.active, strict=True))
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    turns: SampledTurns
+    rollouts: int
+    turns_spent: int
+    mixed: int
+    active: int
+
+
+def cost_to_reach(costs: Sequence[float], success: Sequence[float], target: float) -> float | None:
+    """The cost at which the curve (costs[k], success[k]) first reaches `target`, linear between
+    points; None when it never does (past the horizon)."""
+    for k, value in enumerate(success):
+        if value >= target:
+            if k == 0:
+                return float(costs[0])
+            low, high = success[k - 1], value
+            return float(costs[k - 1] + (target - low) / (high - low) * (costs[k] - costs[k - 1]))
+    return None
+
+
+class ArmRun:
+    """One arm on one (family, seed): its own workload copy (whose policy is the arm's θ), its optimiser
+    and its curve."""
+
+    def __init__(self, arm: Arm, family: str, seed: int, args: argparse.Namespace) -> None:
+        self.arm = arm
+        workload = make_workload(family, seed)
+        if not isinstance(workload, PolicyWorkload):
+            raise TypeError(f"family {family!r} is not a policy family")
+        self.workload = workload
+        self.theta = workload.policy
+        self.optimizer = OPTIMIZERS[args.optimizer](args.lr)
+        self.curve = Curve()
+
+    def update(self, outcome: StepOutcome) -> None:
+        self.theta = self.theta + self.optimizer.step(policy_gradient(self.theta, outcome.turns))
+        curve = self.curve
+        curve.rollouts.append(curve.rollouts[-1] + outcome.rollouts)
+        curve.turns.append(curve.turns[-1] + outcome.turns_spent)
+        curve.mixed.append(outcome.mixed)
+        curve.active.append(outcome.active)
+
+
+class ServiceArm(ArmRun):
+    """An arm that allocates through its own service process and runs rollouts with the driver."""
+
+    def __init__(
+        self, arm: Arm, family: str, seed: int, args: argparse.Namespace, service: ServiceProcess
+    ) -> None:
+        super().__init__(arm, family, seed, args)
+        self.service = service
+        self.client = AsyncTraceClient(service.url, timeout=120.0)
+        self.job = f"learn-{family}-s{seed}-{arm.name}-{uuid.uuid4().hex[:6]}".replace("_", "-")
+        agent = SimAgent(self.workload, np.random.default_rng([seed, 1, *arm.name.encode()]))
+        # Every rollout of a step in flight at once: SimAgent steps them in one vectorised batch per turn.
+        driver_config = DriverConfig(concurrency=4 * arm.budget + 64, step_timeout=args.step_timeout)
+        self.driver = RolloutDriver(self.client, agent.next_turn, config=driver_config)
+        self.max_rollouts = args.max_rollouts
+
+    async def step(self, step: int, pool: Sequence[Prompt]) -> StepOutcome:
+        assert self.arm.policy is not None
+        self.workload.policy = self.theta
+        request = AllocateRequest(
+            job=self.job,
+            step=step,
+            budget=self.arm.budget,
+            expansion=self.arm.expansion,
+            max_rollouts=self.max_rollouts,
+            policy=self.arm.policy,
+            prompts=[prompt_in(prompt) for prompt in pool],
+        )
+        result = await self.driver.run_step(request)
+        if result.timed_out:
+            print(f"  {self.arm.name}: step {step} timed out; its open trees were closed", file=sys.stderr)
+        trees = [
+            finished for finished in result.trees if finished.tree.mixed or not self.arm.mixed_groups_only
+        ]
+        turns = SampledTurns.concat(
+            [service_tree_turns(self.workload, finished, flat=self.arm.flat) for finished in trees]
+        )
+        return StepOutcome(
+            turns=turns,
+            rollouts=sum(
+                sum(node.reward is not None for node in finished.tree.nodes) for finished in result.trees
+            ),
+            turns_spent=sum(len(finished.tree.nodes) for finished in result.trees),
+            mixed=sum(finished.tree.mixed for finished in result.trees),
+            active=len(result.trees),
+        )
+
+    async def wait_for_training(self, patience: float) -> None:
+        """Until the predictor has trained on this step's trees (at most `patience` seconds). The service
+        trains in the background, a round every TRAIN_INTERVAL_SECONDS on the trees completed since the
+        last; every tree is complete now, so the next new version has seen them all, and when nothing
+        is ingested for two intervals, the last round already had them."""
+        before = await self.client.predictor_info()
+        now = time.monotonic()
+        deadline, quiet_until = now + patience, now + 2 * TRAIN_INTERVAL_SECONDS
+        while time.monotonic() < deadline:
+            await asyncio.sleep(TRAIN_INTERVAL_SECONDS / 2)
+            info = await self.client.predictor_info()
+            if info.version > before.version:
+                return
+            if info.examples_seen != before.examples_seen:
+                quiet_until = deadline  # a round is training on new trees: wait for its version
+            elif time.monotonic() > quiet_until:
+                return
+
+
+class _TrueProbabilities:
+    """The oracle's estimator: the true conditional success, keeping the trees of every step."""
+
+    def __init__(self) -> None:
+        self.trees: list[ForestTree] = []
+
+    def __call__(self, queries: Sequence[Query]) -> FloatArray:
+        return np.fromiter((query.state.p for query in queries), dtype=np.float64, count=len(queries))
+
+    def observe(self, trees: Sequence[ForestTree]) -> None:
+        self.trees = list(trees)
+
+
+class OracleArm(ArmRun):
+    """TRACE on the true probabilities, in process."""
+
+    def __init__(self, arm: Arm, family: str, seed: int, args: argparse.Namespace) -> None:
+        super().__init__(arm, family, seed, args)
+        self.seed = seed
+        self.estimator = _TrueProbabilities()
+        self.strategy = Strategy(ORACLE, Roots.trace, Branching.trace, self.estimator)
+        self.config = StepConfig(
+            bare_rollouts=arm.budget, expansion=arm.expansion, max_rollouts=args.max_rollouts
+        )
+
+    def step(self, step: int, pool: Sequence[Prompt]) -> StepOutcome:
+        self.workload.policy = self.theta
+        rng = np.random.default_rng([self.seed, step, 2])
+        # No outcome history: the oracle reads the truth. No learning mode: θ is the only thing that learns.
+        result = run_step(self.workload, self.strategy, pool, {}, self.config, rng, learn=False)
+        turns = SampledTurns.concat([forest_tree_turns(self.workload, tree) for tree in self.estimator.trees])
+        return StepOutcome(turns, result.rollouts, result.turns, result.mixed, result.active)
+
+
+# --- one family and seed -------------------------------------------------------------------------------
+
+
+def service_settings(prefix: str, workload: PolicyWorkload, *, trainer: bool) -> dict[str, str]:
+    features = workload.prompts[0].features
+    return {
+        **SERVICE_SETTINGS,
+        "TRACE_STORE_PREFIX": prefix,
+        "TRACE_TRAINER": str(trainer).lower(),
+        "TRACE_PREDICTOR_FEATURE_DIM": str(0 if features is None else len(features)),
+    }
+
+
+def start_services(
+    family: str,
+    seed: int,
+    arms: Sequence[Arm],
+    redis: RedisProcess,
+    directory: Path,
+    template: PolicyWorkload,
+) -> dict[str, ServiceProcess]:
+    """The service process of each arm that allocates through the service (module docstring)."""
+    shared = None
+    services = {}
+    for arm in arms:
+        if arm.policy is None:
+            continue
+        if arm.reads_predictor:
+            settings = service_settings(f"learn-{family}-{seed}-{arm.name}", template, trainer=True)
+            services[arm.name] = ServiceProcess(redis.url, directory, settings)
+            continue
+        if shared is None:
+            settings = service_settings(f"learn-{family}-{seed}-shared", template, trainer=False)
+            shared = ServiceProcess(redis.url, directory, settings)
+        services[arm.name] = shared
+    return services
+
+
+def held_out_success(held_out: PolicyWorkload, theta: FloatArray, prompt_ids: Sequence[str]) -> float:
+    """The exact mean success of the held-out tasks under θ."""
+    held_out.policy = theta
+    return float(np.mean(held_out.true_success_many(prompt_ids)))
+
+
+async def run_family_seed(
+    family: str,
+    seed: int,
+    arms: Sequence[Arm],
+    args: argparse.Namespace,
+    redis: RedisProcess,
+    directory: Path,
+) -> dict[str, Curve]:
+    """Every arm on one family and training seed, in lockstep; the curves by arm name."""
+    held_out = make_workload(family, seed + HELD_OUT_SEED_OFFSET)
+    assert isinstance(held_out, PolicyWorkload)
+    evaluated = [prompt.prompt_id for prompt in held_out.prompts[: args.eval_prompts]]
+    template = make_workload(family, seed)
+    assert isinstance(template, PolicyWorkload)
+    services = start_services(family, seed, arms, redis, directory, template)
+    try:
+        for service in set(services.values()):
+            service.wait_ready()
+        service_arms = [
+            ServiceArm(arm, family, seed, args, services[arm.name]) for arm in arms if arm.name in services
+        ]
+        oracle_arms = [OracleArm(arm, family, seed, args) for arm in arms if arm.policy is None]
+        runs: list[ArmRun] = [*service_arms, *oracle_arms]
+        for run in runs:
+            run.curve.success.append(held_out_success(held_out, run.theta, evaluated))
+        started = time.perf_counter()
+        for step in range(args.steps):
+            pool = template.epoch_pool(step, args.pool)
+            outcomes = list(await asyncio.gather(*(run.step(step, pool) for run in service_arms)))
+            outcomes += [run.step(step, pool) for run in oracle_arms]
+            for run, outcome in zip(runs, outcomes, strict=True):
+                run.update(outcome)
+                run.curve.success.append(held_out_success(held_out, run.theta, evaluated))
+            await asyncio.gather(
+                *(run.wait_for_training(args.train_wait) for run in service_arms if run.arm.reads_predictor)
+            )
+            progress = " ".join(f"{run.arm.name} {run.curve.success[-1]:.3f}" for run in runs)
+            print(
+                f"[{time.perf_counter() - started:6.1f}s] {family} seed {seed} step {step + 1}/{args.steps}: "
+                f"held-out success {progress}",
+                file=sys.stderr,
+            )
+        for run in service_arms:
+            await run.client.aclose()
+    finally:
+        for service in set(services.values()):
+            service.stop()
+    return {run.arm.name: run.curve for run in runs}
+
+
+# --- the report ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ArmFigures:
+    """What the tables show of one arm on one (family, seed); ratios are None past the horizon (or
+    when uniform did not improve on its start, so there is nothing to reach)."""
+
+    final_success: float
+    turns_ratio: float | None
+    rollouts_ratio: float | None
+    mixed_per_step: float
+    effective_ratio: float
+
+
+def arm_figures(curves: dict[str, Curve]) -> dict[str, ArmFigures]:
+    uniform = curves[UNIFORM]
+    target = uniform.success[-1]
+    improved = target > uniform.success[0]
+
+    def ratio(curve: Curve, unit: str) -> float | None:
+        mine = cost_to_reach(getattr(curve, unit), curve.success, target)
+        theirs = cost_to_reach(getattr(uniform, unit), uniform.success, target)
+        if not improved or mine is None or not theirs:
+            return None
+        return mine / theirs
+
+    return {
+        name: ArmFigures(
+            final_success=curve.success[-1],
+            turns_ratio=ratio(curve, "turns"),
+            rollouts_ratio=ratio(curve, "rollouts"),
+            mixed_per_step=statistics.fmean(curve.mixed),
+            effective_ratio=curve.effective_ratio,
+        )
+        for name, curve in curves.items()
+    }
+
+
+def _ratio_cell(value: float | None) -> str:
+    return "> horizon" if value is None else f"{value:.2f}"
+
+
+def print_seed_table(family: str, seed: int, curves: dict[str, Curve]) -> None:
+    figures = arm_figures(curves)
+    uniform = curves[UNIFORM]
+    print(
+        f"\n{family}, seed {seed}: uniform's held-out success {uniform.success[0]:.3f} → "
+        f"{uniform.success[-1]:.3f} in {uniform.turns[-1]} turns, {uniform.rollouts[-1]} rollouts"
+    )
+    header = (
+        f"{'arm':<14} {'final':>7} {'turns→uniform':>14} {'rollouts→uniform':>17} {'mixed/step':>11}"
+        f" {'eff. ratio':>11}"
+    )
+    print(header)
+    print("-" * len(header))
+    for name, row in figures.items():
+        print(
+            f"{name:<14} {row.final_success:>7.3f} {_ratio_cell(row.turns_ratio):>14} "
+            f"{_ratio_cell(row.rollouts_ratio):>17} {row.mixed_per_step:>11.1f} {row.effective_ratio:>11.3f}"
+        )
+
+
+def _mean_spread(values: Sequence[float | None]) -> str:
+    """mean ± std of the values that exist, and how many of them do when some are missing."""
+    present = [value for value in values if value is not None]
+    if not present:
+        return "> horizon"
+    spread = statistics.stdev(present) if len(present) > 1 else 0.0
+    reached = "" if len(present) == len(values) else f" ({len(present)}/{len(values)})"
+    return f"{statistics.fmean(present):.2f} ± {spread:.2f}{reached}"
+
+
+def print_summary(results: dict[str, dict[int, dict[str, Curve]]]) -> None:
+    print("\nSummary: mean ± std over seeds; (k/S): only k of S seeds reached uniform's final success")
+    header = (
+        f"{'family':<10} {'arm':<14} {'final success':>15} {'turns→uniform':>20} {'rollouts→uniform':>20}"
+        f" {'mixed/step':>14} {'eff. ratio':>13}"
+    )
+    print(header)
+    print("-" * len(header))
+    for family, per_seed in results.items():
+        figures = [arm_figures(curves) for curves in per_seed.values()]
+        for name in figures[0]:
+            rows = [seed_figures[name] for seed_figures in figures]
+            finals = [row.final_success for row in rows]
+            final = (
+                f"{statistics.fmean(finals):.3f} ± {statistics.stdev(finals) if len(finals) > 1 else 0.0:.3f}"
+            )
+            print(
+                f"{family:<10} {name:<14} {final:>15} {_mean_spread([r.turns_ratio for r in rows]):>20} "
+                f"{_mean_spread([r.rollouts_ratio for r in rows]):>20} "
+                f"{_mean_spread([r.mixed_per_step for r in rows]):>14} "
+                f"{_mean_spread([r.effective_ratio for r in rows]):>13}"
+            )
+    print(
+        "final success: exact mean success of the held-out tasks after the last update.\n"
+        "turns→uniform, rollouts→uniform: the turns (rollouts) an arm needed to reach uniform's final\n"
+        "success over uniform's own (< 1: faster than uniform). mixed/step: mixed groups per step;\n"
+        "eff. ratio: mixed / active groups."
+    )
+
+
+def plot(results: dict[str, dict[int, dict[str, Curve]]], out: Path) -> list[Path]:
+    """Per family: held-out success over cumulative turns and over steps, mean over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    out.mkdir(parents=True, exist_ok=True)
+    for family, per_seed in results.items():
+        figure, (by_turns, by_step) = plt.subplots(1, 2, figsize=(13, 5))
+        for name in next(iter(per_seed.values())):
+            curves = [curves[name] for curves in per_seed.values()]
+            success = np.mean([curve.success for curve in curves], axis=0)
+            turns = np.mean([curve.turns for curve in curves], axis=0)
+            style = {"linewidth": 2.2 if name in (UNIFORM, "trace", ORACLE) else 1.2}
+            if name == UNIFORM:
+                style["color"] = "black"
+            by_turns.plot(turns, success, label=name, **style)
+            by_step.plot(np.arange(success.size), success, label=name, **style)
+        by_turns.set_xlabel("cumulative turns generated")
+        by_step.set_xlabel("policy-gradient steps")
+        for axes in (by_turns, by_step):
+            axes.set_ylabel("held-out success (exact)")
+            axes.grid(alpha=0.3)
+        by_step.legend(ncol=2, fontsize=8)
+        figure.suptitle(f"{family}: held-out success, mean over {len(per_seed)} seeds")
+        figure.tight_layout()
+        path = out / f"learning-{family}.png"
+        figure.savefig(path, dpi=110)
+        plt.close(figure)
+        written.append(path)
+    return written
+
+
+# --- command line --------------------------------------------------------------------------------------
+
+
+def policy_families() -> list[str]:
+    """The registered families a policy-gradient learner can train (those with a policy)."""
+    return [name for name in FAMILIES if isinstance(make_workload(name, 0, prompts=8), PolicyWorkload)]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    add_family_arguments(parser, "every policy family")
+    parser.add_argument("--seeds", type=int, default=3, help="training seeds per family")
+    parser.add_argument("--steps", type=int, default=8, help="policy-gradient steps per seed")
+    parser.add_argument("--pool", type=int, default=128, help="prompts offered each step (B)")
+    parser.add_argument(
+        "--budget", type=int, default=256, help="bare rollouts per step of branching arms (M)"
+    )
+    parser.add_argument("--expansion", type=float, default=1.0, help="continuations per bare rollout (N)")
+    parser.add_argument("--max-rollouts", type=int, default=64, help="most bare rollouts of one prompt")
+    parser.add_argument("--arms", default=None, help="comma list of arms (default: all, in table order)")
+    parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adam", help="policy update")
+    parser.add_argument("--lr", type=float, default=0.3, help="learning rate of the policy update")
+    parser.add_argument("--eval-prompts", type=int, default=256, help="held-out tasks evaluated exactly")
+    parser.add_argument(
+        "--train-wait",
+        type=float,
+        default=10.0,
+        help="most seconds to wait for a predictor to train on a step",
+    )
+    parser.add_argument(
+        "--step-timeout", type=float, default=300.0, help="seconds before a step's trees close"
+    )
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the PNGs")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 1 seed, 3 steps, pool 32, budget 64, 64 held-out tasks",
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.seeds, args.steps, args.pool, args.budget, args.eval_prompts = 1, 3, 32, 64, 64
+    for name in ("seeds", "steps", "pool", "budget", "eval_prompts"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    args.families = chosen_families(parser, args, policy_families())
+    arms = build_arms(args.budget, args.expansion)
+    if args.arms is not None:
+        wanted = [name.strip() for name in args.arms.split(",") if name.strip()]
+        known = {arm.name: arm for arm in arms}
+        unknown = [name for name in wanted if name not in known]
+        if unknown:
+            parser.error(f"unknown arms {unknown}; choose from {', '.join(known)}")
+        if UNIFORM not in wanted:
+            wanted.insert(0, UNIFORM)  # every figure is relative to uniform
+        arms = [known[name] for name in wanted]
+    args.arm_list = arms
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    results: dict[str, dict[int, dict[str, Curve]]] = {}
+    with tempfile.TemporaryDirectory() as directory:
+        redis = RedisProcess(Path(directory), append_only=False)
+        redis.start()
+        try:
+            for family in args.families:
+                for seed in range(args.seeds):
+                    curves = asyncio.run(
+                        run_family_seed(family, seed, args.arm_list, args, redis, Path(directory))
+                    )
+                    results.setdefault(family, {})[seed] = curves
+                    print_seed_table(family, seed, curves)
+        finally:
+            redis.stop()
+    total = args.budget + math.floor(args.budget * args.expansion)
+    print(
+        f"\nLearning: {args.seeds} seeds × {args.steps} steps, pool B = {args.pool}; uniform {total} bare "
+        f"rollouts, the others M = {args.budget} bare + N = {args.expansion:g}; {args.optimizer} "
+        f"lr {args.lr:g}; held-out success over {args.eval_prompts} tasks of another seed"
+    )
+    print(protocol_line(args, args.families))
+    print_summary(results)
+    for path in plot(results, args.out):
+        print(f"plot: {path}")
+    print(f"wall time {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
