@@ -13,7 +13,7 @@ import pytest
 import torch
 from adapter_trees import finished_tree
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from support import LiveService, make_settings
 from transformers import AutoTokenizer
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap
@@ -155,6 +155,24 @@ def test_the_overrides_compose_with_verls_own_trainer_config(verl_config: DictCo
     )
     with pytest.raises(ValueError, match="unknown trace setting"):
         integration.trace_overrides(budgett=3)
+
+
+def test_the_example_recipe_is_verls_config_with_trace_switched_on(tmp_path: Path) -> None:
+    recipe = Path(__file__).parents[2] / "examples" / "verl"
+    with initialize_config_dir(config_dir=str(recipe), version_base=None):
+        config = compose("trace_grpo", overrides=["trace.url=http://trace:8000", "trace.budget=96"])
+    overridden = compose_config("http://trace:8000", "++trace.budget=96")
+    for key in (
+        "trainer.use_v1",
+        "trainer.v1.trainer_mode",
+        "algorithm.adv_estimator",
+        "algorithm.use_kl_in_reward",
+        "actor_rollout_ref.rollout.agent.agent_loop_manager_class",
+        "actor_rollout_ref.rollout.n",  # and the rest of verl's defaults came along
+    ):
+        assert OmegaConf.select(config, key) == OmegaConf.select(overridden, key), key
+    settings = integration.TraceSettings.from_config(config)
+    assert (settings.url, settings.step_budget(config)) == ("http://trace:8000", 96)
 
 
 def test_prompt_ids_stay_the_same_across_steps() -> None:

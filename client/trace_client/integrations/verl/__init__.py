@@ -471,8 +471,10 @@ class TraceAgentLoop(AgentLoopBase):
         asked = max(1, min(self.trace_settings.turn_tokens, room))
         context = [*self.prompt_ids, *(i for turn in history.turns if turn.tokens for i in turn.tokens.ids)]
         params = {**self.sampling_params, "max_tokens": asked}
+        # verl routes by request id (sticky sessions): one tree, one replica, whose prefix cache then
+        # serves every continuation branched from the tree's turns
         output = await self.server_manager.generate(
-            request_id=f"{history.tree_id}-{len(history.turns)}-{os.urandom(4).hex()}",
+            request_id=history.tree_id,
             prompt_ids=context,
             sampling_params=params,
         )

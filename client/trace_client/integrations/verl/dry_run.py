@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
+import logging
 import tempfile
 import time
 import uuid
@@ -127,7 +127,7 @@ def write_byte_model(directory: Path) -> Path:
 @dataclass(frozen=True)
 class DryRunOptions:
     url: str = "http://127.0.0.1:8000"
-    pool: int = 8
+    pool: int = 16
     budget: int = 16
     expansion: float = 1.0
     prompts: int = 64
@@ -289,7 +289,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--expansion", type=float, default=DryRunOptions.expansion)
     parser.add_argument("--seed", type=int, default=DryRunOptions.seed)
     args = parser.parse_args(argv)
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    # TransferQueue warns, per call, that it caps its threads at the machine's cores
+    logging.getLogger("transfer_queue.utils.common").setLevel(logging.ERROR)
     options = DryRunOptions(
         url=args.url, pool=args.pool, budget=args.budget, expansion=args.expansion, seed=args.seed
     )
