@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
+import torch
 
 from bench.harness import FinishedTree, Query
 from trace_client.sim import Prompt, RolloutState
@@ -25,6 +26,9 @@ class LearnedEstimator:
     """Ṽ from a :class:`SuccessPredictor` trained after every step on that step's finished trees."""
 
     def __init__(self, config: PredictorConfig | None = None, train_steps: int = 60) -> None:
+        # One torch thread, as the service runs on CPUs: with more, the small passes wait on each other
+        # (16 times slower on two busy cores).
+        torch.set_num_threads(1)
         self.predictor = SuccessPredictor(config or PredictorConfig(device="cpu"))
         self.train_steps = train_steps
         # Encodings by the identity of a history's last turn: the simulator shares prefix turns between a

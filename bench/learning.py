@@ -618,20 +618,25 @@ def plot(results: dict[str, dict[int, dict[str, Curve]]], out: Path) -> list[Pat
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     written = []
     out.mkdir(parents=True, exist_ok=True)
     for family, per_seed in results.items():
         figure, (by_turns, by_step) = plt.subplots(1, 2, figsize=(13, 5))
-        for name in next(iter(per_seed.values())):
-            curves = [curves[name] for curves in per_seed.values()]
-            success = np.mean([curve.success for curve in curves], axis=0)
-            turns = np.mean([curve.turns for curve in curves], axis=0)
-            style = {"linewidth": 2.2 if name in (UNIFORM, "trace", ORACLE) else 1.2}
-            if name == UNIFORM:
-                style["color"] = "black"
+        names = list(next(iter(per_seed.values())))
+        colors = plt.get_cmap("tab20")(np.linspace(0, 1, len(names)))
+        for name, color in zip(names, colors, strict=True):
+            arm_curves = [curves[name] for curves in per_seed.values()]
+            success = np.mean([curve.success for curve in arm_curves], axis=0)
+            turns = np.mean([curve.turns for curve in arm_curves], axis=0)
+            style = {
+                "color": "black" if name == UNIFORM else color,
+                "linewidth": 2.4 if name in (UNIFORM, "trace", ORACLE) else 1.2,
+            }
             by_turns.plot(turns, success, label=name, **style)
             by_step.plot(np.arange(success.size), success, label=name, **style)
+        by_step.xaxis.set_major_locator(MaxNLocator(integer=True))
         by_turns.set_xlabel("cumulative turns generated")
         by_step.set_xlabel("policy-gradient steps")
         for axes in (by_turns, by_step):

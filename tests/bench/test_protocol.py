@@ -1,0 +1,43 @@
+"""--family and --tune-on: the tuned-on family is never reported."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from bench.protocol import add_family_arguments, chosen_families, protocol_line
+
+KNOWN = ["react", "math", "multihop", "toolcall"]
+
+
+def families(*argv: str) -> list[str]:
+    parser = argparse.ArgumentParser()
+    add_family_arguments(parser, "all")
+    return chosen_families(parser, parser.parse_args(argv), KNOWN)
+
+
+def test_every_family_by_default_in_registry_order() -> None:
+    assert families() == KNOWN
+
+
+def test_a_comma_list_keeps_its_order() -> None:
+    assert families("--family", "toolcall, math") == ["toolcall", "math"]
+
+
+def test_tune_on_leaves_its_family_out() -> None:
+    assert families("--tune-on", "math") == ["react", "multihop", "toolcall"]
+    assert families("--family", "math,toolcall", "--tune-on", "math") == ["toolcall"]
+
+
+@pytest.mark.parametrize(
+    "argv", [("--family", "chess"), ("--tune-on", "chess"), ("--family", "math", "--tune-on", "math")]
+)
+def test_unknown_or_empty_selections_are_errors(argv: tuple[str, ...]) -> None:
+    with pytest.raises(SystemExit):
+        families(*argv)
+
+
+def test_the_output_says_what_was_held_out() -> None:
+    line = protocol_line(argparse.Namespace(tune_on="math"), ["react", "toolcall"])
+    assert "Tuned on math" in line and "react, toolcall" in line
