@@ -66,6 +66,8 @@ PROMPT_ID_FIELD: Final = "trace_prompt_id"
 #: verl's own per-row fields: the rollout count and the agent loop that runs the row.
 ROLLOUT_N_FIELD: Final = "__rollout_n__"
 AGENT_NAME_FIELD: Final = "agent_name"
+#: The longest job name the service takes (JOB_PATTERN).
+MAX_JOB_LENGTH: Final = 128
 #: The agent-loop registry file shipped with this package (verl's `agent_loop_config_path`).
 AGENT_LOOPS_FILE: Final = "agent_loops.yaml"
 
@@ -96,7 +98,7 @@ register_trace_estimator()
 
 @dataclass(frozen=True)
 class TraceSettings:
-    """The `trace.*` section of verl's config (add it with `+trace.<key>=...`).
+    """The `trace.*` section of verl's config (on the command line: `++trace.<key>=...`).
 
     Args:
         url: The trace-rollout service.
@@ -147,8 +149,12 @@ class TraceSettings:
         return cls(**values)
 
     def job_name(self, config: DictConfig) -> str:
-        name = self.job or str(config.trainer.get("experiment_name") or "verl")
-        return "".join(c if c.isalnum() or c in "_.-" else "-" for c in name)[:64]
+        """`job`, else the experiment name with what a job name cannot hold replaced by '-'."""
+        if self.job:
+            return self.job
+        name = str(config.trainer.get("experiment_name") or "verl")
+        cleaned = "".join(c if c.isascii() and (c.isalnum() or c in "_.-") else "-" for c in name)
+        return ("verl-" + cleaned if not cleaned[0].isalnum() else cleaned)[:MAX_JOB_LENGTH]
 
     def step_budget(self, config: DictConfig) -> int:
         if self.budget is not None:
@@ -187,8 +193,16 @@ def trace_overrides(url: str = "http://localhost:8000", **settings: object) -> l
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_loops_file()}",
         f"++trace.url={url}",
     ]
-    overrides += [f"++trace.{name}={value}" for name, value in settings.items()]
+    overrides += [f"++trace.{name}={_hydra_value(value)}" for name, value in settings.items()]
     return overrides
+
+
+def _hydra_value(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
 
 
 # --- the manager: one allocation per step ----------------------------------------------------------------
@@ -251,7 +265,6 @@ class BatchAllocation:
     """One step's allocation over a batch: per row its prompt's stable id and its tree's ticket (None for
     a prompt TRACE skipped, and for the second and later rows of a prompt the batch repeats)."""
 
-    request: AllocateRequest
     prompt_ids: list[str]
     tickets: list[TreeTicket | None]
 
@@ -282,7 +295,7 @@ def allocate_batch(batch: TensorDict, config: DictConfig, client: TraceClient, s
         tickets.append(
             None if tree is None else TreeTicket(allocation.job, allocation.step, pool[prompt_id], tree)
         )
-    return BatchAllocation(request, ids, tickets)
+    return BatchAllocation(ids, tickets)
 
 
 class TraceAgentLoopManager(AgentLoopManagerTQ):
