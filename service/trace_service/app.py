@@ -19,7 +19,7 @@ from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry, start_http_server
 from redis.exceptions import RedisError
 
-from trace_proto import API_VERSION, ExpandRequest
+from trace_proto import API_VERSION, AllocateRequest, ExpandRequest, PredictRequest
 from trace_service import __version__
 from trace_service.engine import Engine
 from trace_service.errors import install_error_handlers
@@ -184,13 +184,15 @@ def _query_names(dependant: Dependant) -> set[str]:
 
 
 def openapi_document(app: FastAPI) -> dict[str, Any]:
-    """The OpenAPI document, with the /v1/expand body (parsed event by event) described as ExpandRequest."""
+    """The OpenAPI document, with the request bodies that routes validate from their bytes (off the
+    event loop when large; /v1/expand event by event) described by their models."""
     if app.openapi_schema is None:
         document = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
         document["info"]["x-api-version"] = API_VERSION
         schemas = document.setdefault("components", {}).setdefault("schemas", {})
-        expand_schema = ExpandRequest.model_json_schema(ref_template="#/components/schemas/{model}")
-        schemas.update(expand_schema.pop("$defs", {}))
-        schemas["ExpandRequest"] = expand_schema
+        for model in (AllocateRequest, ExpandRequest, PredictRequest):
+            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas.update(schema.pop("$defs", {}))
+            schemas[model.__name__] = schema
         app.openapi_schema = document
     return app.openapi_schema

@@ -2,11 +2,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Header, Request
 
 from trace_proto import AllocateRequest, AllocateResponse
 from trace_proto.v1 import paths
 from trace_service.deps import EngineDep
+from trace_service.routers.body import documented, validated
 from trace_service.routers.responses import ERRORS
 
 router = APIRouter(tags=["allocation"])
@@ -49,10 +50,10 @@ _LINKS = {
     paths.ALLOCATE,
     response_model=AllocateResponse,
     responses=ERRORS,
-    openapi_extra={"responses": {"200": {"links": _LINKS}}},
+    openapi_extra={**documented(AllocateRequest), "responses": {"200": {"links": _LINKS}}},
 )
 async def allocate(
-    request: AllocateRequest,
+    request: Request,
     engine: EngineDep,
     idempotency_key: Annotated[str | None, Header(alias=paths.IDEMPOTENCY_KEY_HEADER, max_length=256)] = None,
 ) -> AllocateResponse:
@@ -60,4 +61,4 @@ async def allocate(
 
     Repeating a request with the same `Idempotency-Key` returns the first answer.
     """
-    return await engine.allocate(request, idempotency_key)
+    return await engine.allocate(await validated(request, AllocateRequest), idempotency_key)

@@ -11,13 +11,13 @@ from trace_proto import ExpandEvent, ExpandRequest, ExpandResponse, Instructions
 from trace_proto.v1 import limits, paths
 from trace_proto.v1.common import JobName
 from trace_service.deps import EngineDep
+from trace_service.routers.body import INLINE_BODY_BYTES, documented
 from trace_service.routers.responses import ERRORS
 
 router = APIRouter(tags=["expansion"])
 
 #: A JSON string, or one of the structural characters outside strings.
 _TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}:,]', re.DOTALL)
-_INLINE_BODY_BYTES = 1 << 20
 _SHAPE = 'body must be a JSON object {"events": [event, ...]} and nothing else'
 
 
@@ -104,12 +104,7 @@ def parse_events(body: bytes) -> tuple[list[ExpandEvent], list[RejectedEvent]]:
     paths.EXPAND,
     response_model=ExpandResponse,
     responses=ERRORS,
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ExpandRequest"}}},
-        }
-    },
+    openapi_extra=documented(ExpandRequest),
 )
 async def expand(request: Request, engine: EngineDep) -> ExpandResponse:
     """Report finished turns; get the branching instructions they trigger.
@@ -120,7 +115,7 @@ async def expand(request: Request, engine: EngineDep) -> ExpandResponse:
     body = await request.body()
     # Validating a large body (and, if it fails as a whole, each of its events) takes tens of
     # milliseconds: beside the event loop, not on it.
-    if len(body) > _INLINE_BODY_BYTES:
+    if len(body) > INLINE_BODY_BYTES:
         events, rejected = await asyncio.to_thread(parse_events, body)
     else:
         events, rejected = parse_events(body)

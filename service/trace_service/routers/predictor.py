@@ -1,10 +1,11 @@
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from trace_proto import PredictorInfo, PredictRequest, PredictResponse
 from trace_proto.v1 import paths
 from trace_service.deps import EngineDep
+from trace_service.routers.body import documented, validated
 from trace_service.routers.responses import ERRORS
 
 router = APIRouter(tags=["predictor"])
@@ -16,7 +17,10 @@ async def predictor_info(engine: EngineDep) -> PredictorInfo:
     return engine.predictor.info()
 
 
-@router.post(paths.PREDICT, response_model=PredictResponse, responses=ERRORS)
-async def predict(request: PredictRequest, engine: EngineDep) -> PredictResponse:
+@router.post(
+    paths.PREDICT, response_model=PredictResponse, responses=ERRORS, openapi_extra=documented(PredictRequest)
+)
+async def predict(request: Request, engine: EngineDep) -> PredictResponse:
     """Ṽ(H) for given histories (debugging and offline evaluation)."""
-    return await engine.predict(request.job, request.histories)
+    body = await validated(request, PredictRequest)
+    return await engine.predict(body.job, body.histories)
