@@ -155,6 +155,19 @@ def test_the_overrides_compose_with_verls_own_trainer_config(verl_config: DictCo
     )
     with pytest.raises(ValueError, match="unknown trace setting"):
         integration.trace_overrides(budgett=3)
+    assert integration.trace_overrides(budget=None)[-1] == "++trace.budget=null"
+
+
+def test_the_job_is_named_after_the_experiment_in_the_services_alphabet(verl_config: DictConfig) -> None:
+    settings = integration.TraceSettings()
+    for experiment, job in [
+        ("qwen3/gsm8k trace", "qwen3-gsm8k-trace"),
+        ("_run", "verl-_run"),
+        ("über" * 50, ("-ber" * 50)[:128]),
+    ]:
+        config = compose_config("http://127.0.0.1:1", f"trainer.experiment_name='{experiment}'")
+        assert settings.job_name(config) == job
+    assert integration.TraceSettings(job="mine").job_name(verl_config) == "mine"
 
 
 def test_the_example_recipe_is_verls_config_with_trace_switched_on(tmp_path: Path) -> None:
