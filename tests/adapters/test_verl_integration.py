@@ -163,7 +163,7 @@ def test_the_job_is_named_after_the_experiment_in_the_services_alphabet(verl_con
     for experiment, job in [
         ("qwen3/gsm8k trace", "qwen3-gsm8k-trace"),
         ("_run", "verl-_run"),
-        ("über" * 50, ("-ber" * 50)[:128]),
+        ("über" * 50, ("verl-" + "-ber" * 50)[:128]),
     ]:
         config = compose_config("http://127.0.0.1:1", f"trainer.experiment_name='{experiment}'")
         assert settings.job_name(config) == job
