@@ -55,7 +55,7 @@ import numpy.typing as npt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import Branching, Query, Roots, StepConfig, Strategy, run_step
+from bench.harness import Branching, Query, Roots, StepConfig, Strategy, oracle_estimator, run_step
 from bench.harness import FinishedTree as ForestTree
 from bench.load import RedisProcess, ServiceProcess
 from bench.protocol import add_family_arguments, chosen_families, protocol_line
@@ -298,7 +298,7 @@ class ArmRun:
 
     def __init__(self, arm: Arm, family: str, seed: int, args: argparse.Namespace) -> None:
         self.arm = arm
-        workload = make_workload(family, seed)
+        workload = make_workload(family, seed, prompts=args.prompts)
         if not isinstance(workload, PolicyWorkload):
             raise TypeError(f"family {family!r} is not a policy family")
         self.workload = workload
@@ -388,7 +388,7 @@ class _TrueProbabilities:
         self.trees: list[ForestTree] = []
 
     def __call__(self, queries: Sequence[Query]) -> FloatArray:
-        return np.fromiter((query.state.p for query in queries), dtype=np.float64, count=len(queries))
+        return oracle_estimator(queries)
 
     def observe(self, trees: Sequence[ForestTree]) -> None:
         self.trees = list(trees)
@@ -468,10 +468,10 @@ async def run_family_seed(
     directory: Path,
 ) -> dict[str, Curve]:
     """Every arm on one family and training seed, in lockstep; the curves by arm name."""
-    held_out = make_workload(family, seed + HELD_OUT_SEED_OFFSET)
+    held_out = make_workload(family, seed + HELD_OUT_SEED_OFFSET, prompts=args.eval_prompts)
     assert isinstance(held_out, PolicyWorkload)
-    evaluated = [prompt.prompt_id for prompt in held_out.prompts[: args.eval_prompts]]
-    template = make_workload(family, seed)
+    evaluated = [prompt.prompt_id for prompt in held_out.prompts]
+    template = make_workload(family, seed, prompts=args.prompts)
     assert isinstance(template, PolicyWorkload)
     services = start_services(family, seed, arms, redis, directory, template)
     try:
@@ -667,6 +667,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_family_arguments(parser, "every policy family")
     parser.add_argument("--seeds", type=int, default=3, help="training seeds per family")
     parser.add_argument("--steps", type=int, default=8, help="policy-gradient steps per seed")
+    parser.add_argument(
+        "--prompts", type=int, default=512, help="training tasks per seed: one recurs every prompts/B steps"
+    )
     parser.add_argument("--pool", type=int, default=128, help="prompts offered each step (B)")
     parser.add_argument(
         "--budget", type=int, default=256, help="bare rollouts per step of branching arms (M)"
@@ -690,14 +693,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="smoke run: 1 seed, 3 steps, pool 32, budget 64, 64 held-out tasks",
+        help="smoke run: 1 seed, 3 steps, 64 tasks, pool 32, budget 64, 64 held-out tasks",
     )
     args = parser.parse_args(argv)
     if args.quick:
-        args.seeds, args.steps, args.pool, args.budget, args.eval_prompts = 1, 3, 32, 64, 64
-    for name in ("seeds", "steps", "pool", "budget", "eval_prompts"):
+        args.seeds, args.steps, args.prompts, args.pool, args.budget, args.eval_prompts = 1, 3, 64, 32, 64, 64
+    for name in ("seeds", "steps", "prompts", "pool", "budget", "eval_prompts"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.pool > args.prompts:
+        parser.error("--pool cannot exceed --prompts")
     args.families = chosen_families(parser, args, policy_families())
     arms = build_arms(args.budget, args.expansion)
     if args.arms is not None:
@@ -732,7 +737,8 @@ def main(argv: list[str] | None = None) -> None:
             redis.stop()
     total = args.budget + math.floor(args.budget * args.expansion)
     print(
-        f"\nLearning: {args.seeds} seeds × {args.steps} steps, pool B = {args.pool}; uniform {total} bare "
+        f"\nLearning: {args.seeds} seeds × {args.steps} steps, pool B = {args.pool} of {args.prompts} tasks; "
+        f"uniform {total} bare "
         f"rollouts, the others M = {args.budget} bare + N = {args.expansion:g}; {args.optimizer} "
         f"lr {args.lr:g}; held-out success over {args.eval_prompts} tasks of another seed"
     )

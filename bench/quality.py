@@ -75,7 +75,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=10, help="training steps per seed")
     parser.add_argument("--warm-up", type=int, default=5, help="first steps run but not counted")
     parser.add_argument(
-        "--prompts", type=int, default=None, help="prompts in each family's population (default: its own)"
+        "--prompts",
+        type=int,
+        default=512,
+        help="prompts per family and seed: one recurs every prompts/B steps",
     )
     parser.add_argument("--pool", type=int, default=128, help="candidate prompts offered each step (B)")
     parser.add_argument("--budget", type=int, default=256, help="bare rollouts per step (M)")
@@ -109,6 +112,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("seeds", "steps", "pool", "group_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.pool > args.prompts:
+        parser.error("--pool cannot exceed --prompts")
     if not 0 <= args.warm_up < args.steps:
         parser.error("--warm-up must leave at least one counted step")
     args.families = chosen_families(parser, args, list(FAMILIES))
@@ -258,7 +263,8 @@ def print_legend(config: StepConfig, args: argparse.Namespace) -> None:
     learning = "off" if args.no_learning else "on"
     print(
         f"\nAllocation quality: {args.seeds} seeds × {args.steps} steps, learning {learning}, estimator "
-        f"{args.estimator}; pool B = {args.pool}; M = {config.bare_rollouts} bare rollouts, "
+        f"{args.estimator}; pool B = {args.pool} of {args.prompts} prompts; M = {config.bare_rollouts} "
+        f"bare rollouts, "
         f"N = {config.expansion:g}, n = {config.group_size}; equal budget in {args.budget_unit}: "
         f"R = {config.total_rollouts} rollouts{turns_note}"
     )
