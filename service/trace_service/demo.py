@@ -4,11 +4,12 @@ workload, through the real HTTP API and the worker driver.
 With no `--url` the service runs in this process (uvicorn on a free loopback port, the embedded store).
 Each policy is one job on a fresh simulated workload (same seed, learning mode: a prompt whose group was
 mixed gets easier, as if the policy had trained on it), run for `steps` training steps with the same
-pools and budgets. The policies run one after the other, so TRACE's predictor learns only from TRACE's
-own trees; after each TRACE step the demo gives the service's background loop a moment to train on the
-step's trees before the next allocation. At the end it prints a comparison table (from
-`GET /v1/jobs/{job}/stats` and `GET /v1/predictor`) and writes `effective_ratio.png` and `results.json`
-under `--out`; with `--json` the results document goes to stdout and everything else to stderr.
+pools and budgets. The policies take turns step by step, so at every step each of them allocates from
+the same predictor (the service has one, trained on every job's trees); after each step the demo gives
+the service's background loop a moment to train on the step's trees before the next allocation. At the
+end it prints a comparison table (from `GET /v1/jobs/{job}/stats` and `GET /v1/predictor`) and writes
+`effective_ratio.png` and `results.json` under `--out`; with `--json` the results document goes to
+stdout and everything else to stderr.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ logger = logging.getLogger(__name__)
 
 #: Policies whose allocations consult the predictor (the demo waits for it to train between steps).
 _PREDICTOR_POLICIES: Final = frozenset(
-    {Policy.TRACE, Policy.TRACE_ROOT, Policy.TRACE_PREFIX, Policy.PCL, Policy.KNAPSACK}
+    {Policy.TRACE, Policy.TRACE_PAPER, Policy.TRACE_ROOT, Policy.TRACE_PREFIX, Policy.PCL, Policy.KNAPSACK}
 )
 _POLL_SECONDS: Final = 0.25
 
@@ -131,62 +132,78 @@ class DemoReport:
 
 
 async def run_demo(config: DemoConfig, url: str, write: Write) -> DemoReport:
-    """Drive every policy of `config` for `config.steps` steps against the service at `url`."""
+    """Drive every policy of `config` for `config.steps` steps against the service at `url`, step by
+    step: each step every policy runs in turn, so all of them allocate from the same predictor."""
     started = time.monotonic()
-    runs = []
     async with AsyncTraceClient(url) as client:
         await client.health()  # an unreachable service fails here, before any job is started
-        for policy in config.policies:
-            runs.append(await _run_policy(client, config, policy, write))
+        arms = [_PolicyArm(client, config, policy, write) for policy in config.policies]
+        for arm in arms:
+            write(f"{arm.label} job {arm.job}: {config.steps} steps, pool {config.pool}, ")
+            write(f"budget {config.budget}\n")
+        for step in range(config.steps):
+            for arm in arms:
+                await arm.run_step(step)
+            if any(arm.policy in _PREDICTOR_POLICIES for arm in arms) and step + 1 < config.steps:
+                await _let_predictor_train(client, config.train_wait)
+        runs = [await arm.report() for arm in arms]
     return DemoReport(config, runs, time.monotonic() - started)
 
 
-async def _run_policy(
-    client: AsyncTraceClient, config: DemoConfig, policy: Policy, write: Write
-) -> PolicyRun:
-    started = time.monotonic()
-    workload = SimWorkload(SimConfig(prompts=config.prompts), seed=config.seed)
-    agent = SimAgent(workload, np.random.default_rng([config.seed, 1]))
-    pools = np.random.default_rng([config.seed, 2])
-    job = f"demo-{policy.value}-{uuid.uuid4().hex[:6]}"
-    label = f"[{policy.value}]"
-    width = 0  # of the last progress line, which a step's summary overwrites
+class _PolicyArm:
+    """One policy's job on its own simulated workload (same seed and pools as every other arm)."""
 
-    def show(progress: Progress) -> None:
-        nonlocal width
-        if config.progress:
-            line = f"{label} {progress.line()}"
-            width = max(width, len(line))
-            write(f"\r{line}")
-
-    driver = RolloutDriver(
-        client,
-        agent.next_turn,
-        config=DriverConfig(concurrency=config.concurrency, step_timeout=config.step_timeout),
-        on_progress=show,
-    )
-    write(f"{label} job {job}: {config.steps} steps, pool {config.pool}, budget {config.budget}\n")
-    versions = []
-    for step in range(config.steps):
-        pool = [prompt_in(prompt) for prompt in workload.sample_pool(config.pool, pools)]
-        request = AllocateRequest(
-            job=job, step=step, budget=config.budget, expansion=config.expansion, policy=policy, prompts=pool
+    def __init__(self, client: AsyncTraceClient, config: DemoConfig, policy: Policy, write: Write) -> None:
+        self.client, self.config, self.policy, self.write = client, config, policy, write
+        self.workload = SimWorkload(SimConfig(prompts=config.prompts), seed=config.seed)
+        self.agent = SimAgent(self.workload, np.random.default_rng([config.seed, 1]))
+        self.pools = np.random.default_rng([config.seed, 2])
+        self.job = f"demo-{policy.value}-{uuid.uuid4().hex[:6]}"
+        self.label = f"[{policy.value}]"
+        self.versions: list[int] = []
+        self.seconds = 0.0
+        self.width = 0  # of the last progress line, which a step's summary overwrites
+        self.driver = RolloutDriver(
+            client,
+            self.agent.next_turn,
+            config=DriverConfig(concurrency=config.concurrency, step_timeout=config.step_timeout),
+            on_progress=self._show,
         )
-        result = await driver.run_step(request)
-        agent.learn(result)
-        versions.append(result.allocation.predictor_version)
+
+    def _show(self, progress: Progress) -> None:
+        if self.config.progress:
+            line = f"{self.label} {progress.line()}"
+            self.width = max(self.width, len(line))
+            self.write(f"\r{line}")
+
+    async def run_step(self, step: int) -> None:
+        config = self.config
+        pool = [prompt_in(prompt) for prompt in self.workload.sample_pool(config.pool, self.pools)]
+        request = AllocateRequest(
+            job=self.job,
+            step=step,
+            budget=config.budget,
+            expansion=config.expansion,
+            policy=self.policy,
+            prompts=pool,
+        )
+        result = await self.driver.run_step(request)
+        self.agent.learn(result)
+        self.seconds += result.progress.elapsed
+        self.versions.append(result.allocation.predictor_version)
         mixed = sum(tree.tree.mixed for tree in result.trees)
         summary = (
-            f"{label} step {step}: mixed {mixed}/{len(result.trees)} trees, "
+            f"{self.label} step {step}: mixed {mixed}/{len(result.trees)} trees, "
             f"{len(result.allocation.skipped)} skipped, predictor v{result.allocation.predictor_version}, "
             f"{result.progress.elapsed:.1f}s{' (timed out)' if result.timed_out else ''}"
         )
-        write(f"\r{summary:<{width}}\n")
-        if policy in _PREDICTOR_POLICIES and step + 1 < config.steps:
-            await _let_predictor_train(client, config.train_wait)
-    stats = await client.job_stats(job)
-    predictor = await client.predictor_info() if policy in _PREDICTOR_POLICIES else None
-    return PolicyRun(policy, job, stats, versions, predictor, time.monotonic() - started)
+        self.write(f"\r{summary:<{self.width}}\n")
+
+    async def report(self) -> PolicyRun:
+        stats = await self.client.job_stats(self.job)
+        uses_predictor = self.policy in _PREDICTOR_POLICIES
+        predictor = await self.client.predictor_info() if uses_predictor else None
+        return PolicyRun(self.policy, self.job, stats, self.versions, predictor, self.seconds)
 
 
 async def _let_predictor_train(client: AsyncTraceClient, patience: float) -> None:
