@@ -1,0 +1,108 @@
+"""A prompt's success as a distribution: a Beta prior from a predicted mean, its concentration fitted
+to observed groups, and the exact conjugate update on the prompt's own outcomes (pure numpy).
+
+Episodes of one task are strongly correlated: what decides the outcome is mostly the task, so a
+prompt's success p is spread around any predicted mean μ. We model
+
+    p ~ Beta(κμ, κ(1 − μ)),    s | p ~ Binomial(n, p),
+
+so a group of n rollouts has the Beta-Binomial marginal likelihood
+
+    P(s | n, a, b) = C(n, s) · B(s + a, n − s + b) / B(a, b),    a = κμ, b = κ(1 − μ),
+
+and after the prompt's earlier outcomes (s₀ of n₀) the posterior is Beta(a + s₀, b + n₀ − s₀) with
+mean (κμ + s₀) / (κ + n₀). A small κ (groups of one prompt agree, successes are near 0 or 1 per prompt)
+lets a few outcomes move the estimate far; a large κ says the predicted mean already pins p down.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+
+#: The concentrations :func:`fit_concentration` searches between (log-uniformly).
+CONCENTRATION_RANGE = (0.05, 1000.0)
+# Prior means are kept this far from 0 and 1, so that a and b stay positive.
+_MEAN_EPSILON = 1e-4
+_GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
+_SEARCH_STEPS = 48
+
+_lgamma = np.vectorize(math.lgamma, otypes=[np.float64])
+
+
+def _log_beta(a: FloatArray, b: FloatArray) -> FloatArray:
+    return np.asarray(_lgamma(a) + _lgamma(b) - _lgamma(a + b), dtype=np.float64)
+
+
+def beta_binomial_log_likelihood(
+    successes: npt.ArrayLike, trials: npt.ArrayLike, a: npt.ArrayLike, b: npt.ArrayLike
+) -> FloatArray:
+    """``log P(s | n, a, b)`` of the Beta-Binomial, elementwise (the binomial coefficient included)."""
+    s = np.asarray(successes, dtype=np.float64)
+    n = np.asarray(trials, dtype=np.float64)
+    a_arr, b_arr = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    choose = _lgamma(n + 1) - _lgamma(s + 1) - _lgamma(n - s + 1)
+    return np.asarray(
+        choose + _log_beta(s + a_arr, n - s + b_arr) - _log_beta(a_arr, b_arr), dtype=np.float64
+    )
+
+
+def posterior_mean(
+    prior_mean: npt.ArrayLike, concentration: float, successes: npt.ArrayLike, trials: npt.ArrayLike
+) -> FloatArray:
+    """``(κμ + s) / (κ + n)``: the mean of Beta(κμ, κ(1 − μ)) after s successes in n trials."""
+    mu = np.clip(np.asarray(prior_mean, dtype=np.float64), _MEAN_EPSILON, 1.0 - _MEAN_EPSILON)
+    s = np.asarray(successes, dtype=np.float64)
+    n = np.asarray(trials, dtype=np.float64)
+    return np.asarray((concentration * mu + s) / (concentration + n), dtype=np.float64)
+
+
+def fit_concentration(
+    prior_mean: npt.ArrayLike,
+    successes: npt.ArrayLike,
+    trials: npt.ArrayLike,
+    earlier_successes: npt.ArrayLike | None = None,
+    earlier_trials: npt.ArrayLike | None = None,
+) -> float:
+    """The κ in :data:`CONCENTRATION_RANGE` that maximises the groups' marginal likelihood
+
+        Σ_g log P(s_g | n_g, κμ_g + s₀_g, κ(1 − μ_g) + n₀_g − s₀_g),
+
+    each group scored under the posterior of its prompt's earlier outcomes (s₀ of n₀; none by
+    default), by golden-section search on log κ (the likelihood is smooth and, in practice, unimodal
+    in log κ).  Groups of one rollout say nothing about dispersion but are harmless.
+    """
+    mu = np.clip(np.asarray(prior_mean, dtype=np.float64), _MEAN_EPSILON, 1.0 - _MEAN_EPSILON)
+    s = np.asarray(successes, dtype=np.float64)
+    n = np.asarray(trials, dtype=np.float64)
+    s0 = np.zeros_like(s) if earlier_successes is None else np.asarray(earlier_successes, dtype=np.float64)
+    n0 = np.zeros_like(n) if earlier_trials is None else np.asarray(earlier_trials, dtype=np.float64)
+    if not (mu.shape == s.shape == n.shape == s0.shape == n0.shape) or mu.ndim != 1:
+        raise ValueError("prior_mean, successes, trials and the earlier counts must be 1-D of one length")
+    if np.any((s < 0) | (s > n)) or np.any((s0 < 0) | (s0 > n0)):
+        raise ValueError("need 0 <= successes <= trials")
+    low, high = (math.log(bound) for bound in CONCENTRATION_RANGE)
+    if mu.size == 0:
+        return math.exp((low + high) / 2.0)
+
+    def log_likelihood(log_kappa: float) -> float:
+        kappa = math.exp(log_kappa)
+        a, b = kappa * mu + s0, kappa * (1.0 - mu) + n0 - s0
+        return float(beta_binomial_log_likelihood(s, n, a, b).sum())
+
+    left, right = high - _GOLDEN * (high - low), low + _GOLDEN * (high - low)
+    left_value, right_value = log_likelihood(left), log_likelihood(right)
+    for _ in range(_SEARCH_STEPS):
+        if left_value >= right_value:
+            high, right, right_value = right, left, left_value
+            left = high - _GOLDEN * (high - low)
+            left_value = log_likelihood(left)
+        else:
+            low, left, left_value = left, right, right_value
+            right = low + _GOLDEN * (high - low)
+            right_value = log_likelihood(right)
+    return math.exp((low + high) / 2.0)
