@@ -202,27 +202,33 @@ def print_table(
     counted = f"steps {args.warm_up + 1}–{args.steps} counted" if args.warm_up else "every step counted"
     turns = f"; T = {config.turn_budget} turns per step" if config.unit is BudgetUnit.turns else ""
     print(f"\n== {family}: {args.seeds} seeds × {args.steps} steps ({counted}{turns}) ==")
-    # Per-step means of these StepResult fields follow the effective ratio: (header, field, decimal places).
+    # Per-step means of these StepResult fields follow the mixed groups: (header, field, decimal places).
     columns = [
-        ("mixed", "mixed", 1),
         ("kept", "kept", 1),
         ("mixed forks", "mixed_forks", 1),
         ("rollouts", "rollouts", 0),
         ("turns", "turns", 0),
         ("skipped", "skipped", 1),
     ]
-    header = f"{'strategy':<13} {'effective ratio':>16}" + "".join(f" {title:>11}" for title, _, _ in columns)
+    header = f"{'strategy':<13} {'effective ratio':>16} {'mixed':>13}" + "".join(
+        f" {title:>11}" for title, _, _ in columns
+    )
     print(header + f" {'of oracle':>10}")
     print("-" * (len(header) + 11))
     oracle_mixed = sum(r.mixed for seed in results.get("oracle", []) for r in seed)
     for name, per_seed in results.items():
-        ratio, spread = mean_std([statistics.fmean(r.effective_ratio for r in seed) for seed in per_seed])
+        ratio, ratio_spread = mean_std(
+            [statistics.fmean(r.effective_ratio for r in seed) for seed in per_seed]
+        )
+        mixed, mixed_spread = mean_std([statistics.fmean(r.mixed for r in seed) for seed in per_seed])
         cells = "".join(
             f" {per_step_mean(per_seed, field):>11.{decimals}f}" for _, field, decimals in columns
         )
-        mixed = sum(r.mixed for seed in per_seed for r in seed)
-        share = f"{mixed / oracle_mixed:.1%}" if oracle_mixed else "—"
-        print(f"{name:<13} {ratio:>8.3f} ± {spread:<5.3f}{cells} {share:>10}")
+        share = sum(r.mixed for seed in per_seed for r in seed) / oracle_mixed if oracle_mixed else None
+        print(
+            f"{name:<13} {ratio:>8.3f} ± {ratio_spread:<5.3f} {mixed:>6.1f} ± {mixed_spread:<4.1f}{cells}"
+            f" {'—' if share is None else f'{share:.1%}':>10}"
+        )
     if "trace" in results and "uniform" in results:
         trace = per_step_mean(results["trace"], "effective_ratio")
         uniform = per_step_mean(results["uniform"], "effective_ratio")
@@ -270,11 +276,12 @@ def print_legend(config: StepConfig, args: argparse.Namespace) -> None:
     )
     print(protocol_line(args, args.families))
     print(
-        "effective ratio: mixed / active groups per step, mean over steps, then mean ± std over seeds.\n"
-        "Per-step means: mixed groups; kept (groups the trainer keeps: DAPO drops all-equal groups, the\n"
-        "others keep all); mixed forks (prefixes continuations started from whose subtree holds both\n"
-        "outcomes); rollouts (bare + continuations); turns; skipped (pool prompts given no rollout).\n"
-        "of oracle: mixed groups as a share of the oracle's. Regret decomposition: see --help."
+        "effective ratio: mixed / active groups per step, mean over steps, then mean ± std over seeds;\n"
+        "mixed: mixed groups per step, the same way. Per-step means: kept (groups the trainer keeps: DAPO\n"
+        "drops all-equal groups, the others keep all); mixed forks (prefixes continuations started from\n"
+        "whose subtree holds both outcomes); rollouts (bare + continuations); turns; skipped (pool\n"
+        "prompts given no rollout). of oracle: mixed groups as a share of the oracle's. Regret\n"
+        "decomposition: see --help."
     )
 
 
