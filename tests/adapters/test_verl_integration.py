@@ -20,9 +20,12 @@ from verl.experimental.agent_loop.agent_loop import DictConfigWrap
 from verl.protocol import DataProto
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.ray_trainer import compute_advantage
+from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 from verl.utils import tensordict_utils as tu
+from verl.utils.config import validate_config
 from verl.utils.dataset.rl_dataset import RLHFDataset
+from verl.utils.import_utils import load_class_from_fqn
 from verl.workers.rollout.replica import TokenOutput
 
 from trace_client import TraceClient
@@ -170,10 +173,24 @@ def test_the_job_is_named_after_the_experiment_in_the_services_alphabet(verl_con
     assert integration.TraceSettings(job="mine").job_name(verl_config) == "mine"
 
 
-def test_the_example_recipe_is_verls_config_with_trace_switched_on(tmp_path: Path) -> None:
+def test_the_example_recipe_is_verls_config_with_trace_switched_on(byte_model: Path) -> None:
     recipe = Path(__file__).parents[2] / "examples" / "verl"
+    given = [
+        "trace.url=http://trace:8000",
+        "trace.budget=96",
+        f"actor_rollout_ref.model.path={byte_model}",
+        "actor_rollout_ref.rollout.name=vllm",
+        "data.train_files=train.parquet",
+        "data.val_files=test.parquet",
+    ]
     with initialize_config_dir(config_dir=str(recipe), version_base=None):
-        config = compose("trace_grpo", overrides=["trace.url=http://trace:8000", "trace.budget=96"])
+        config = compose("trace_grpo", overrides=given)
+    # what verl's main_ppo checks before it starts anything, and how TaskRunnerV1 loads the manager
+    validate_config(
+        config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config)
+    )
+    manager = config.actor_rollout_ref.rollout.agent.agent_loop_manager_class
+    assert load_class_from_fqn(manager, "AgentLoopManager") is integration.TraceAgentLoopManager
     overridden = compose_config("http://trace:8000", "++trace.budget=96")
     for key in (
         "trainer.use_v1",
