@@ -311,10 +311,22 @@ async def test_the_default_reward_is_verls_rule_based_score(byte_model: Path) ->
     loop = agent_loop(byte_model, ScriptedServer([]))
     loop.row = {"data_source": "openai/gsm8k", "reward_model": {"ground_truth": "42"}}
     prompt = History(PromptIn(prompt_id="p"), tree_id="t")
-    right = prompt.then(TurnResult(text="6 times 7 is ")).then(TurnResult(text="#### 42", done=True))
-    wrong = prompt.then(TurnResult(text="#### 41", done=True))
+    tokenizer = AutoTokenizer.from_pretrained(byte_model)
+
+    def turn(text: str, done: bool = False) -> TurnResult:
+        return TurnResult(text=text, done=done, tokens=TurnTokens(tuple(tokenizer.encode(text))))
+
+    # "é" is two bytes, cut across two turns: only the whole response decodes to the answer
+    cut = tokenizer.encode("é")
+    right = (
+        prompt.then(turn("6 times 7 is "))
+        .then(TurnResult(text="?", tokens=TurnTokens((cut[0],))))
+        .then(TurnResult(text="?", done=True, tokens=TurnTokens((cut[1], *tokenizer.encode(" #### 42")))))
+    )
+    assert loop.response_text(right) == "6 times 7 is é #### 42"
     assert await loop.score(right) == 1.0
-    assert await loop.score(wrong) == 0.0
+    assert await loop.score(prompt.then(turn("#### 41", done=True))) == 0.0
+    assert await loop.score(prompt.then(TurnResult(text="#### 42", done=True))) == 1.0  # text only
 
 
 # --- the dry run: verl's workers, TransferQueue, replay buffer and advantage step -------------------------

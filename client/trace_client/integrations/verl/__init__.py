@@ -505,15 +505,23 @@ class TraceAgentLoop(AgentLoopBase):
     async def score(self, history: History) -> float:
         """verl's reward function on the whole response (`reward.custom_reward_function`, else verl's
         rule-based `default_compute_score` for the row's `data_source`)."""
-        response = "".join(turn.text or "" for turn in history.turns)
         ground_truth = (self.row.get("reward_model") or {}).get("ground_truth")
-        result = self._reward()(
-            self.row.get("data_source"), response, ground_truth, extra_info=self.row.get("extra_info")
-        )
-        if inspect.isawaitable(result):
-            result = await result
+        arguments = (self.row.get("data_source"), self.response_text(history), ground_truth)
+        reward = self._reward()
+        if inspect.iscoroutinefunction(reward):
+            result = await reward(*arguments, extra_info=self.row.get("extra_info"))
+        else:  # rule-based scorers (math verification, sandboxes) take a while: off the event loop
+            result = await asyncio.to_thread(reward, *arguments, extra_info=self.row.get("extra_info"))
         value = result["score"] if isinstance(result, dict) else result
         return float(value)
+
+    def response_text(self, history: History) -> str:
+        """The response decoded in one piece (chunks decoded apart could split a character)."""
+        if all(turn.tokens is not None for turn in history.turns):
+            tokenizer: Any = self.tokenizer
+            ids = [i for turn in history.turns if turn.tokens for i in turn.tokens.ids]
+            return str(tokenizer.decode(ids, skip_special_tokens=True))
+        return "".join(turn.text or "" for turn in history.turns)
 
     def _reward(self) -> Any:
         if self._reward_fn is None:
@@ -541,7 +549,7 @@ def _row(batch: TensorDict, i: int) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
-    """numpy and torch scalars and arrays as Python values."""
+    """numpy and torch scalars and arrays as Python values, and pandas' NaN (a field a row lacks) as None."""
     if isinstance(value, torch.Tensor):
         return value.item() if value.numel() == 1 else value.tolist()
     if isinstance(value, np.ndarray):
