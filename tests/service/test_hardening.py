@@ -179,18 +179,22 @@ def test_a_predict_request_over_the_turn_budget_is_refused(http: httpx.Client) -
     assert f"at most {limits.MAX_TURNS_PER_PREDICT} per request" in answer.json()["detail"]
 
 
-async def test_a_rollout_deeper_than_the_limit_is_refused_at_its_next_turn(store_url: str) -> None:
+async def test_a_rollout_must_end_by_the_turn_limit_and_still_can(store_url: str) -> None:
     async with running_engine(store_url) as engine:
-        allocation = await engine.allocate(
-            AllocateRequest(step=0, budget=2, prompts=[PromptIn(prompt_id="p")]), None
-        )
-        tree_id = allocation.trees[0].tree_id
-        chain = rollout(tree_id, None, limits.MAX_TURNS_PER_HISTORY + 1, 1.0)
+        request = AllocateRequest(step=0, budget=2, expansion=0.0, prompts=[PromptIn(prompt_id="p")])
+        tree = (await engine.allocate(request, None)).trees[0]
+        most = limits.MAX_TURNS_PER_HISTORY
+        chain = rollout(tree.tree_id, None, most + 1, 1.0)
         answer = await engine.expand(chain)
-        assert answer.accepted == limits.MAX_TURNS_PER_HISTORY
-        (refused,) = answer.rejected
-        assert refused.event_id == chain[-1].event_id and refused.status == 422
-        assert f"at most {limits.MAX_TURNS_PER_HISTORY} turns" in refused.error
+        assert answer.accepted == most - 1
+        refused = {r.event_id: r for r in answer.rejected}
+        assert refused[chain[most - 1].event_id].status == 422
+        assert f"turn {most} must end it" in refused[chain[most - 1].event_id].error
+        # The worker ends the rollout at the limit instead: the tree goes on to finish.
+        ending = chain[most - 1].model_copy(update={"event_id": "end", "done": True, "reward": 1.0})
+        other = rollout(tree.tree_id, None, 2, 0.0)
+        answer = await engine.expand([ending, *other])
+        assert answer.accepted == 3 and answer.completed == [tree.tree_id]
 
 
 def test_healthz_answers_while_the_heaviest_predict_runs(http: httpx.Client) -> None:

@@ -83,8 +83,10 @@ for i = 1, #events do
         code, message = 409, 'unknown parent ' .. parent_id .. ' (report a parent before its child)'
       elseif parent.done then
         code, message = 422, 'parent ' .. parent_id .. ' ended its rollout and cannot have children'
-      elseif parent.d >= max_depth then
-        code, message = 422, 'a rollout has at most ' .. max_depth .. ' turns: the last one ends it (done=true)'
+      elseif parent.d + 1 >= max_depth and not done then
+        -- Refused, not cut: the worker can still end the rollout here, so its tree can finish.
+        code, message = 422, 'a rollout has at most ' .. max_depth .. ' turns: turn ' .. max_depth ..
+                             ' must end it (done=true with its reward)'
       elseif instruction_id ~= '' then
         instruction = load_instruction(instruction_id)
         if not instruction then
