@@ -24,7 +24,8 @@ class ExpandEvent(RequestModel):
 
     A parent must be reported before its child or in the same request. A turn that ends the rollout
     (`done`) is a leaf and carries its reward; a reward on any other turn is an error, so a worker that
-    forgets `done` is told rather than silently treated as unfinished.
+    forgets `done` is told rather than silently treated as unfinished. A rollout has at most
+    `MAX_TURNS_PER_HISTORY` (1,024) turns: a turn at that depth must end it.
     """
 
     event_id: Identifier = Field(
