@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -41,6 +41,9 @@ HTTP_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 
 FAST_BUCKETS: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 # One online training round of the predictor: tens of milliseconds to minutes.
 TRAINING_BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+#: The prior sources the predictor compares (``trace_service.predictor.Calibration.prior``).
+PRIOR_SOURCES: Final = ("network", "history")
 
 METRIC_NAMES: Final[frozenset[str]] = frozenset(
     {
@@ -65,6 +68,9 @@ METRIC_NAMES: Final[frozenset[str]] = frozenset(
         "trace_predictor_brier_score",
         "trace_predictor_calibration_error",
         "trace_predictor_spearman",
+        "trace_predictor_prior_log_likelihood",
+        "trace_predictor_prior_concentration",
+        "trace_predictor_continuation_freshness",
         "trace_predictor_train_duration_seconds",
         "trace_predictor_load_failures_total",
         "trace_store_errors_total",
@@ -231,6 +237,25 @@ class Metrics:
             "Spearman rank correlation of predictions and targets on held-out trees (NaN while undefined).",
             registry=registry,
         )
+        self.predictor_prior_log_likelihood = Gauge(
+            "trace_predictor_prior_log_likelihood",
+            "Mean log marginal likelihood per held-out group of bare rollouts under each prior source "
+            "(network: the predictor's prior; history: one constant for every prompt); the higher is served.",
+            ["source"],
+            registry=registry,
+        )
+        for source in PRIOR_SOURCES:  # NaN until measured, so that every series exists from the start
+            self.predictor_prior_log_likelihood.labels(source).set(math.nan)
+        self.predictor_prior_concentration = Gauge(
+            "trace_predictor_prior_concentration",
+            "Concentration κ of the served Beta prior: how far a prompt's own outcomes move its estimate.",
+            registry=registry,
+        )
+        self.predictor_continuation_freshness = Gauge(
+            "trace_predictor_continuation_freshness",
+            "How often a continuation flips the outcome it branched from, relative to a fresh rollout.",
+            registry=registry,
+        )
         self.predictor_train_duration = Histogram(
             "trace_predictor_train_duration_seconds",
             "Time of one online training round of the predictor.",
@@ -296,10 +321,22 @@ class Metrics:
                     family.remove(job, *rest)
 
     def observe_predictor(
-        self, version: int, brier: float | None, ece: float | None, spearman: float | None
+        self,
+        version: int,
+        brier: float | None,
+        ece: float | None,
+        spearman: float | None,
+        *,
+        prior_log_likelihood: Mapping[str, float] | None = None,
+        concentration: float | None = None,
+        freshness: float | None = None,
     ) -> None:
         """Publish the served predictor's version and held-out quality; ``None`` means undefined."""
         self.predictor_version.set(version)
         self.predictor_brier_score.set(_gauge_value(brier))
         self.predictor_calibration_error.set(_gauge_value(ece))
         self.predictor_spearman.set(_gauge_value(spearman))
+        for source, value in (prior_log_likelihood or {}).items():
+            self.predictor_prior_log_likelihood.labels(source).set(value)
+        self.predictor_prior_concentration.set(_gauge_value(concentration))
+        self.predictor_continuation_freshness.set(_gauge_value(freshness))

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from trace_proto import PredictorInfo
+from trace_proto import PredictorInfo, PriorInfo
 from trace_service.metrics import Metrics
 from trace_service.predictor import (
     CheckpointError,
@@ -26,6 +26,7 @@ from trace_service.predictor import (
     OutcomeCounts,
     PredictorConfig,
     Query,
+    RootGroup,
     SuccessPredictor,
     TrainingExample,
     Turn,
@@ -136,10 +137,11 @@ class PredictorRuntime:
             tree.nodes[index].node_id: history for index, history in zip(kept, encoded, strict=True)
         }
 
-    def examples(self, tree: StoredTree) -> list[TrainingExample]:
-        """Training examples from a finished tree: every node with a scored leaf below, and the root."""
+    def training_data(self, tree: StoredTree) -> tuple[list[TrainingExample], RootGroup | None]:
+        """Training examples from a finished tree (every node with a scored leaf below, and the root)
+        and the group of its bare rollouts, which the calibration is fitted to."""
         if not tree.nodes:
-            return []
+            return [], None
         targets = tree.targets(self.success_threshold)
         outcomes = OutcomeCounts(*tree.meta.prior_outcomes)
         root, encoded = self.encode_tree(tree)
@@ -152,7 +154,8 @@ class PredictorRuntime:
         ]
         if targets.root_visits:
             examples.append(TrainingExample(root, targets.root_value, float(targets.root_visits), outcomes))
-        return examples
+        successes, trials = tree.bare_outcomes(self.success_threshold)
+        return examples, RootGroup(root, successes, trials, outcomes) if trials else None
 
     @property
     def freshness(self) -> float:
@@ -175,13 +178,13 @@ class PredictorRuntime:
             if tree is None:
                 continue
             try:
-                examples = self.examples(tree)
+                examples, group = self.training_data(tree)
                 flips = tree.continuation_flips(self.success_threshold)
             except ValueError as error:  # a malformed tree must not stop training on the others
                 logger.warning("skipping tree %s for training: %s", tree_id, error)
                 continue
             if examples:
-                self.predictor.add_examples(examples)
+                self.predictor.add_examples(examples, group)
                 self.predictor.observe_continuations(*flips)
                 added += len(examples)
         if added:
@@ -213,12 +216,20 @@ class PredictorRuntime:
 
     def _observe(self) -> None:
         report = self.predictor.diagnostics()
+        calibration = self.predictor.calibration
         self.metrics.observe_predictor(
-            version=report.version, brier=report.brier, ece=report.ece, spearman=report.spearman
+            version=report.version,
+            brier=report.brier,
+            ece=report.ece,
+            spearman=report.spearman,
+            prior_log_likelihood=calibration.log_likelihood,
+            concentration=calibration.concentration,
+            freshness=self.predictor.freshness,
         )
 
     def info(self) -> PredictorInfo:
         report = self.predictor.diagnostics()
+        calibration = self.predictor.calibration
         return PredictorInfo(
             version=report.version,
             examples_seen=report.examples_seen,
@@ -228,6 +239,12 @@ class PredictorRuntime:
             spearman_by_depth={d: v for d, v in report.spearman_by_depth.items() if v is not None},
             device=str(self.predictor.device),
             continuation_freshness=self.predictor.freshness,
+            prior=PriorInfo(
+                source=calibration.prior,
+                concentration=calibration.concentration,
+                log_likelihood=calibration.log_likelihood,
+                groups=calibration.groups,
+            ),
         )
 
 

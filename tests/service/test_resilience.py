@@ -186,7 +186,12 @@ def test_a_serving_only_replica_uses_what_a_trainer_replica_publishes(redis_serv
             deadline = time.monotonic() + 30
             while client.predictor_info().version == 0 and time.monotonic() < deadline:
                 time.sleep(0.1)
-        assert client.predictor_info().version > 0
+        info = client.predictor_info()
+        assert info.version > 0
+        # The prior's calibration, fitted to the 24 trees' groups, travels with the weights.
+        assert info.prior is not None and info.prior.groups >= 16
+        assert set(info.prior.log_likelihood) == {"network", "history"}
+        assert info.prior.source in ("network", "history") and info.prior.concentration > 0
 
 
 async def test_a_pipeline_of_scripts_survives_redis_losing_its_scripts(store_url: str) -> None:

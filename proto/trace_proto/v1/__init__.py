@@ -26,7 +26,14 @@ from trace_proto.v1.events import (
     RejectedEvent,
 )
 from trace_proto.v1.health import Health, Ready
-from trace_proto.v1.predictor import HistoryIn, PredictorInfo, PredictRequest, PredictResponse, TurnIn
+from trace_proto.v1.predictor import (
+    HistoryIn,
+    PredictorInfo,
+    PredictRequest,
+    PredictResponse,
+    PriorInfo,
+    TurnIn,
+)
 from trace_proto.v1.stats import JobStats, StepStats
 from trace_proto.v1.trees import TreeNode, TreeResponse, TreeStatus
 
@@ -71,6 +78,7 @@ __all__ = [
     "PredictRequest",
     "PredictResponse",
     "PredictorInfo",
+    "PriorInfo",
     "PromptIn",
     "Ready",
     "RejectedEvent",

@@ -1,6 +1,6 @@
 """`GET /v1/predictor` and `POST /v1/predict`: the shared success predictor Ṽ(H)."""
 
-from typing import Annotated, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import Field, model_validator
 
@@ -17,6 +17,26 @@ from trace_proto.v1.common import (
     Text,
 )
 from trace_proto.v1.limits import MAX_HISTORIES_PER_REQUEST, MAX_TURNS_PER_HISTORY, MAX_TURNS_PER_PREDICT
+
+
+class PriorInfo(ResponseModel):
+    """How a prompt's own outcomes are combined with its prior: Beta(κμ, κ(1 − μ)) updated exactly by
+    the prompt's earlier successes and failures, κ fitted to finished trees' groups of bare rollouts."""
+
+    source: Literal["network", "history"] = Field(
+        description=(
+            "Where the prior mean μ comes from: the predictor's network, or one constant for every "
+            "prompt (the history-only posterior). The one with the higher held-out likelihood is served."
+        )
+    )
+    concentration: Annotated[float, Field(gt=0)] = Field(
+        description="κ: small when a prompt's rollouts agree with each other, so a few outcomes say much."
+    )
+    log_likelihood: dict[str, float] = Field(
+        default_factory=dict,
+        description="Mean log marginal likelihood per scored group under each source (higher is better).",
+    )
+    groups: Count = Field(description="Groups of bare rollouts the comparison was measured on.")
 
 
 class PredictorInfo(ResponseModel):
@@ -43,6 +63,9 @@ class PredictorInfo(ResponseModel):
             "rollout (1 = as often, 0 = never), learned from finished trees; the `trace` policy's "
             "Stage 1 counts the contrast continuations will add at this rate."
         ),
+    )
+    prior: PriorInfo | None = Field(
+        default=None, description="The served prior and its comparison with the history-only baseline."
     )
 
 

@@ -12,15 +12,23 @@ use by the service::
     version, values = predictor.predict_versioned([Query(root, counts), Query(node, counts)])
 
     # when a tree completes: one call per tree, with V̂ and visits n of every scored node
-    predictor.add_examples([TrainingExample(node, target=v_hat, weight=n, outcomes=counts), ...])
+    predictor.add_examples(
+        [TrainingExample(node, target=v_hat, weight=n, outcomes=counts), ...],
+        RootGroup(root, bare_successes, bare_rollouts, counts),
+    )
     predictor.train_round(max_steps=100)        # background thread; publishes version + 1
     blob = predictor.to_bytes()                 # publish to other replicas (checksummed)
     other.update_from_bytes(blob)               # adopts newer weights; CheckpointError keeps its own
     report = predictor.diagnostics()            # Brier, ECE, Spearman overall and by depth (held out)
 
-Until the first training round (version 0) a prediction is the prompt's Beta posterior mean
-(s + 1) / (n + 2), i.e. 0.5 for a prompt never seen; the network is a residual on that value, so later
-versions continue from it. ``predict`` never waits for training: each call uses one published version.
+The network predicts a prior μ(H) from what the history carries (text, structure, client features)
+and never reads the prompt's outcomes; those enter exactly, by a conjugate update of Beta(κμ, κ(1 − μ))
+whose concentration κ is fitted to the bare-rollout groups of finished trees (pass each tree's
+``RootGroup`` to ``add_examples``), and a prefix inherits its root's change of odds. Each version also
+compares the network's prior with one constant for every prompt (the history-only posterior) on
+held-out groups and serves the better (``predictor.calibration``). Until the first training round
+(version 0) a prediction is the prompt's Beta posterior mean (s + 1) / (n + 2), i.e. 0.5 for a prompt
+never seen. ``predict`` never waits for training: each call uses one published version.
 Training steps are bounded by ``replay_ratio`` samples per example added, so calling ``train_round`` in
 a loop is safe. Modules: ``features`` (stable hashed n-grams, incremental encoding), ``model`` (torch
 network and batching), ``training`` (online training, versions, checkpoints), ``checkpoint`` (the
@@ -39,13 +47,16 @@ from trace_service.predictor.features import (
 )
 from trace_service.predictor.model import Query
 from trace_service.predictor.training import (
+    Calibration,
     PredictorConfig,
+    RootGroup,
     SuccessPredictor,
     TrainingExample,
     TrainRoundResult,
 )
 
 __all__ = [
+    "Calibration",
     "CheckpointError",
     "EncodedHistory",
     "FeaturizerConfig",
@@ -54,6 +65,7 @@ __all__ = [
     "PredictorConfig",
     "PredictorDiagnostics",
     "Query",
+    "RootGroup",
     "SuccessPredictor",
     "TrainRoundResult",
     "TrainingExample",

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -173,6 +173,12 @@ class EncodedHistory:
         latest = self.turn_token_counts[-1] if depth else 0
         mean_turn = self.turn_token_total / depth if depth else 0.0
         return (depth, self.prompt_token_count, latest, mean_turn, self.turn_token_total)
+
+    def root(self) -> EncodedHistory:
+        """The encoding of this history's prompt alone (depth 0), sharing its token arrays."""
+        if not self.turn_tokens:
+            return self
+        return replace(self, turn_tokens=(), turn_token_counts=(), latest_features=None, turn_token_total=0)
 
     def structural_features(self) -> FloatVector:
         """The values named by :data:`STRUCTURAL_FEATURE_NAMES`."""

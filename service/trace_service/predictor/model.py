@@ -1,20 +1,22 @@
-"""The success model: hashed n-gram bags and dense features → MLP → probability of success.
+"""The success network: hashed n-gram bags and dense features → MLP → the prior mean of success.
 
     x      = [mean-bag(prompt) ⊕ mean-bag(earlier turns) ⊕ mean-bag(latest turn) ⊕ standardise(dense)]
-    logit  = logit(prior mean) + head(MLP(x))
-    Ṽ(H)   = σ(logit)
+    logit  = logit(μ₀) + head(MLP(x))
+    μ(H)   = σ(logit)
 
-The residual on the prompt's Beta posterior mean makes a fresh model (zero-initialised head) predict
-exactly the cold-start value, so the first published weights continue smoothly from it. ``dense`` is
-the structural features, the posterior mean and log1p(trials), and, when ``feature_dim > 0``, the
-prompt's and the latest client feature vectors, each with a presence flag (an absent vector is zeros).
-Dense inputs are standardised with the training data's mean and standard deviation (stored in the
-model's buffers) so that client vectors of any scale are usable. ``x`` passes through dropout while
-training.
+The network reads only what a history carries (text, structure, client features), never the prompt's
+outcome history: that enters exactly, by a conjugate update on this prior (``calibration``), instead
+of as one more input the network could shrink. A fresh model (zero-initialised head) predicts the cold
+start μ₀ = α / (α + β) of the configured Beta prior. ``dense`` is the structural features and, when
+``feature_dim > 0``, the prompt's and the latest client feature vectors, each with a presence flag (an
+absent vector is zeros). Dense inputs are standardised with the training data's mean and standard
+deviation (stored in the model's buffers) so that client vectors of any scale are usable. ``x`` passes
+through dropout while training.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
@@ -28,13 +30,12 @@ from trace_service.predictor.features import STRUCTURAL_FEATURE_NAMES, EncodedHi
 # Standardised dense inputs are clipped to this many standard deviations: one wild client value must
 # not saturate the network.
 _DENSE_CLIP = 8.0
-# The prior mean is kept this far from 0 and 1 so that its logit stays finite.
-_PRIOR_EPSILON = 1e-4
 
 
 @dataclass(frozen=True, slots=True)
 class Query:
-    """One history to score, with its prompt's outcome counts from earlier steps."""
+    """One history to score, with its prompt's outcome counts from earlier steps (which the
+    calibration applies to the network's prior; the network itself does not read them)."""
 
     history: EncodedHistory
     outcomes: OutcomeCounts = field(default_factory=OutcomeCounts)
@@ -59,39 +60,25 @@ class ModelInputs:
 
 
 def dense_dim(feature_dim: int) -> int:
-    """Width of the dense input: structural features, posterior mean and log-count, client slots."""
+    """Width of the dense input: structural features and the client slots."""
     client = 2 * (feature_dim + 1) if feature_dim > 0 else 0
-    return len(STRUCTURAL_FEATURE_NAMES) + 2 + client
+    return len(STRUCTURAL_FEATURE_NAMES) + client
 
 
-def dense_features(
-    queries: Sequence[Query], feature_dim: int, prior_successes: float, prior_failures: float
-) -> npt.NDArray[np.float32]:
+def dense_features(queries: Sequence[Query], feature_dim: int) -> npt.NDArray[np.float32]:
     """Unstandardised dense rows, one per query (see the module docstring for the columns)."""
     rows = np.zeros((len(queries), dense_dim(feature_dim)), dtype=np.float32)
     structural = len(STRUCTURAL_FEATURE_NAMES)
     counts = np.array([query.history.structural_counts() for query in queries], dtype=np.float64)
     rows[:, :structural] = np.log1p(counts.reshape(len(queries), structural))
-    rows[:, structural] = prior_means(queries, prior_successes, prior_failures)
-    rows[:, structural + 1] = np.log1p([query.outcomes.trials for query in queries])
     for row, query in enumerate(queries if feature_dim > 0 else ()):
-        column = structural + 2
+        column = structural
         for vector in (query.history.prompt_features, query.history.latest_features):
             if vector is not None:
                 rows[row, column] = 1.0
                 rows[row, column + 1 : column + 1 + feature_dim] = vector
             column += 1 + feature_dim
     return rows
-
-
-def prior_means(
-    queries: Sequence[Query], prior_successes: float, prior_failures: float
-) -> npt.NDArray[np.float64]:
-    """Beta posterior mean (s + α) / (n + α + β) of each query's prompt: the cold-start prediction."""
-    return np.array(
-        [query.outcomes.posterior_mean(prior_successes, prior_failures) for query in queries],
-        dtype=np.float64,
-    )
 
 
 def _bag(arrays: list[npt.NDArray[np.int64]]) -> tuple[Tensor, Tensor]:
@@ -121,10 +108,9 @@ def collate(
     *,
     feature_dim: int,
     max_history_tokens: int,
-    prior_successes: float,
-    prior_failures: float,
+    prior_mean: float,
 ) -> ModelInputs:
-    """Build the CPU tensors of one batch."""
+    """Build the CPU tensors of one batch; ``prior_mean`` is the cold-start μ₀ every logit starts from."""
     empty = np.zeros(0, dtype=np.int64)
     # The encodings of one tree share their prompt's id array: pool each distinct prompt once.
     slots: dict[int, int] = {}
@@ -143,7 +129,6 @@ def collate(
     latest_ids, latest_offsets = _bag(
         [query.history.turn_tokens[-1] if query.history.turn_tokens else empty for query in queries]
     )
-    means = np.clip(prior_means(queries, prior_successes, prior_failures), _PRIOR_EPSILON, 1 - _PRIOR_EPSILON)
     return ModelInputs(
         prompt_ids=prompt_ids,
         prompt_offsets=prompt_offsets,
@@ -152,8 +137,8 @@ def collate(
         earlier_offsets=earlier_offsets,
         latest_ids=latest_ids,
         latest_offsets=latest_offsets,
-        dense=torch.from_numpy(dense_features(queries, feature_dim, prior_successes, prior_failures)),
-        prior_logit=torch.from_numpy(np.log(means / (1 - means)).astype(np.float32)),
+        dense=torch.from_numpy(dense_features(queries, feature_dim)),
+        prior_logit=torch.full((len(queries),), math.log(prior_mean / (1.0 - prior_mean))),
     )
 
 
@@ -212,7 +197,7 @@ class SuccessModel(nn.Module):
             self.dense_scale.copy_(torch.as_tensor(np.where(std > 1e-6, std, 1.0), dtype=torch.float32))
 
     def predict(self, inputs: ModelInputs) -> npt.NDArray[np.float64]:
-        """Probabilities of success in [0, 1] for a collated batch, without autograd."""
+        """Prior means of success in [0, 1] for a collated batch, without autograd."""
         device = self.dense_mean.device
         with torch.inference_mode():
             probabilities = torch.sigmoid(self.forward(inputs.to(device)))

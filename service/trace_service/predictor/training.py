@@ -43,6 +43,11 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from trace_service.predictor.calibration import (
+    beta_binomial_log_likelihood,
+    fit_concentration,
+    posterior_mean,
+)
 from trace_service.predictor.checkpoint import CheckpointError, decode_checkpoint, encode_checkpoint
 from trace_service.predictor.diagnostics import (
     PredictorDiagnostics,
@@ -66,12 +71,28 @@ from trace_service.predictor.model import (
     collate,
     dense_dim,
     dense_features,
-    prior_means,
     resolve_device,
 )
 from trace_service.tree import FreshnessEstimate
 
 _Item = TypeVar("_Item")
+
+#: Bare-rollout groups kept for fitting the calibration (training and held-out, each).
+_GROUP_CAPACITY = 4_096
+#: Held-out groups needed before the calibration is fitted on them alone (else on all groups), and
+#: groups needed before it is fitted at all (until then κ = α + β, the configured prior's).
+_HELD_OUT_GROUPS = 64
+_MIN_GROUPS = 16
+_PROBABILITY_EPSILON = 1e-6
+
+
+def _logit(p: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    clipped = np.clip(p, _PROBABILITY_EPSILON, 1.0 - _PROBABILITY_EPSILON)
+    return np.asarray(np.log(clipped) - np.log1p(-clipped), dtype=np.float64)
+
+
+def _sigmoid(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    return np.asarray(1.0 / (1.0 + np.exp(-x)), dtype=np.float64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +216,70 @@ class TrainingExample:
 
 
 @dataclass(frozen=True, slots=True)
+class RootGroup:
+    """The bare rollouts of ONE finished tree: its root, their successes and count, and the prompt's
+    outcomes from before the tree's step. Groups are what the concentration κ is fitted to."""
+
+    root: EncodedHistory
+    successes: int
+    trials: int
+    outcomes: OutcomeCounts = field(default_factory=OutcomeCounts)
+
+    def __post_init__(self) -> None:
+        if self.root.depth != 0:
+            raise ValueError(
+                f"a group's root must be a prompt encoding (depth 0), got depth {self.root.depth}"
+            )
+        if not 0 <= self.successes <= self.trials:
+            raise ValueError(f"need 0 <= successes <= trials, got {self.successes}/{self.trials}")
+
+
+PriorSource = Literal["network", "history"]
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """How a prompt's outcome history is combined with the prior (see the module docstring).
+
+    ``prior`` is the source of the root prior mean: the network's μ(x), or one constant
+    ``history_mean`` for every prompt (the history-only posterior); ``concentration`` is its κ.
+    ``log_likelihood`` holds each source's mean log marginal likelihood per scored group, measured on
+    ``groups`` groups (held-out ones when there are enough).
+    """
+
+    concentration: float
+    prior: PriorSource = "network"
+    history_mean: float = 0.5
+    log_likelihood: dict[str, float] = field(default_factory=dict)
+    groups: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, value: Any) -> Calibration:
+        try:
+            calibration = cls(
+                concentration=float(value["concentration"]),
+                prior=value["prior"],
+                history_mean=float(value["history_mean"]),
+                log_likelihood={str(k): float(v) for k, v in value["log_likelihood"].items()},
+                groups=int(value["groups"]),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise CheckpointError(f"checkpoint has a malformed calibration: {error}") from None
+        valid = (
+            calibration.prior in ("network", "history")
+            and math.isfinite(calibration.concentration)
+            and calibration.concentration > 0
+            and 0.0 < calibration.history_mean < 1.0
+        )
+        if not valid:
+            raise CheckpointError(f"checkpoint has an invalid calibration {value!r}")
+        return calibration
+
+
+@dataclass(frozen=True, slots=True)
 class TrainRoundResult:
     """Outcome of one :meth:`SuccessPredictor.train_round`."""
 
@@ -207,7 +292,8 @@ class TrainRoundResult:
 @dataclass(frozen=True, slots=True)
 class _Published:
     version: int
-    model: SuccessModel | None  # None: not trained yet, predictions are the prompt's posterior mean
+    model: SuccessModel | None  # None: not trained yet, the prior mean is the configured μ₀
+    calibration: Calibration
 
 
 class _FifoBuffer(Generic[_Item]):
@@ -298,6 +384,8 @@ class SuccessPredictor:
         self._train_lock = threading.Lock()
         self._replay: _FifoBuffer[TrainingExample] = _FifoBuffer(self.config.replay_capacity)
         self._holdout: _FifoBuffer[TrainingExample] = _FifoBuffer(self.config.holdout_capacity)
+        self._groups: _FifoBuffer[RootGroup] = _FifoBuffer(_GROUP_CAPACITY)
+        self._holdout_groups: _FifoBuffer[RootGroup] = _FifoBuffer(_GROUP_CAPACITY)
         self._moments = _RunningMoments(self._dense_width)
         self._trees_added = 0
         self._examples_seen = 0
@@ -307,7 +395,7 @@ class SuccessPredictor:
         self._trainer_model = self._new_model()
         self._average_model = self._frozen_copy(self._trainer_model)
         self._optimizer = self._new_optimizer()
-        self._published = _Published(version=0, model=None)
+        self._published = _Published(0, None, self._cold_calibration())
         self._freshness = FreshnessEstimate()
 
     @property
@@ -319,6 +407,11 @@ class SuccessPredictor:
     def examples_seen(self) -> int:
         """Training examples accepted so far (held-out ones not counted)."""
         return self._examples_seen
+
+    @property
+    def calibration(self) -> Calibration:
+        """How the published version combines a prompt's outcome history with its prior."""
+        return self._published.calibration
 
     @property
     def freshness(self) -> float:
@@ -344,12 +437,47 @@ class SuccessPredictor:
         return published.version, self._predict_with(published, queries)
 
     def _predict_with(self, published: _Published, queries: Sequence[Query]) -> npt.NDArray[np.float64]:
+        """The network's prior μ(H) for every query, with the prompt's outcome history applied exactly:
+
+            root:    (κ·m + s) / (κ + n),                       m = the root prior mean (``Calibration``)
+            prefix:  σ(logit μ(H) − logit μ(x) + logit root),   x = the prefix's prompt alone,
+
+        i.e. the history moves a prompt's odds and its prefixes inherit the move."""
         for query in queries:
             if not isinstance(query, Query):
                 raise ValueError(f"predict takes Query values, got {type(query).__name__}")
             self.featurizer.check_compatible(query.history)
+        calibration = published.calibration
+        prior = self._prior_means(published, [query.history for query in queries])
+        # The network's μ(x) of each prompt some prefix query needs, one forward pass for all of them.
+        roots: dict[str, EncodedHistory] = {}
+        for query in queries:
+            if query.history.depth:
+                roots.setdefault(query.history.prompt_id, query.history.root())
+        root_prior = dict(zip(roots, self._prior_means(published, list(roots.values())), strict=True))
+        successes = np.array([query.outcomes.successes for query in queries], dtype=np.float64)
+        trials = np.array([query.outcomes.trials for query in queries], dtype=np.float64)
+        depth = np.array([query.history.depth for query in queries], dtype=np.int64)
+        network_root = np.array(
+            [root_prior[q.history.prompt_id] if q.history.depth else prior[i] for i, q in enumerate(queries)],
+            dtype=np.float64,
+        )
+        root_mean = (
+            network_root
+            if calibration.prior == "network"
+            else np.full(len(queries), calibration.history_mean)
+        )
+        root = posterior_mean(root_mean, calibration.concentration, successes, trials)
+        shifted = _sigmoid(_logit(prior) - _logit(network_root) + _logit(root))
+        return np.where(depth == 0, root, shifted)
+
+    def _prior_means(
+        self, published: _Published, histories: Sequence[EncodedHistory]
+    ) -> npt.NDArray[np.float64]:
+        """The network's μ(H) (μ₀ before the first training round), in inference batches."""
         if published.model is None:
-            return prior_means(queries, self.config.prior_successes, self.config.prior_failures)
+            return np.full(len(histories), self._cold_mean)
+        queries = [Query(history) for history in histories]
         step = self.config.inference_batch_size
         chunks = [
             published.model.predict(self._collate(queries[start : start + step]))
@@ -359,8 +487,11 @@ class SuccessPredictor:
 
     # -- training --------------------------------------------------------------------------------
 
-    def add_examples(self, examples: Sequence[TrainingExample]) -> Literal["training", "holdout"]:
-        """Add the examples of ONE completed tree; every ``holdout_every``-th tree is held out.
+    def add_examples(
+        self, examples: Sequence[TrainingExample], group: RootGroup | None = None
+    ) -> Literal["training", "holdout"]:
+        """Add the examples of ONE completed tree, and the group of its bare rollouts (for the
+        calibration); every ``holdout_every``-th tree is held out.
 
         All examples are validated first: on a ValueError nothing is added.
         """
@@ -368,19 +499,21 @@ class SuccessPredictor:
             if not isinstance(example, TrainingExample):
                 raise ValueError(f"add_examples takes TrainingExample values, got {type(example).__name__}")
             self.featurizer.check_compatible(example.history)
-        rows = dense_features(
-            [example.query for example in examples],
-            self.config.feature_dim,
-            self.config.prior_successes,
-            self.config.prior_failures,
-        )
+        if group is not None:
+            if not isinstance(group, RootGroup):
+                raise ValueError(f"group must be a RootGroup, got {type(group).__name__}")
+            self.featurizer.check_compatible(group.root)
+        groups = [group] if group is not None else []
+        rows = dense_features([example.query for example in examples], self.config.feature_dim)
         with self._data_lock:
             self._trees_added += 1
             every = self.config.holdout_every
             if every and self._trees_added % every == 0:
                 self._holdout.extend(examples)
+                self._holdout_groups.extend(groups)
                 return "holdout"
             self._replay.extend(examples)
+            self._groups.extend(groups)
             self._moments.update(rows)
             self._examples_seen += len(examples)
             ratio = self.config.replay_ratio
@@ -429,7 +562,8 @@ class SuccessPredictor:
                 total_loss += loss.detach()
             version = self._published.version + 1
             self._average_model.set_dense_standardisation(mean, std)
-            self._published = _Published(version, self._frozen_copy(self._average_model))
+            published = _Published(version, self._frozen_copy(self._average_model), self._cold_calibration())
+            self._published = _Published(version, published.model, self._fit_calibration(published))
             return TrainRoundResult(
                 version,
                 steps=steps,
@@ -478,6 +612,7 @@ class SuccessPredictor:
                     "token_hashing": TOKEN_HASHING,
                     "moments": self._moments.to_json(),
                     "freshness": [self._freshness.flips, self._freshness.fresh_flips],
+                    "calibration": published.calibration.to_json(),
                 }
             return encode_checkpoint(header, model.state_dict())
 
@@ -540,6 +675,11 @@ class SuccessPredictor:
             raise CheckpointError(f"checkpoint has a malformed version {version!r} or count {seen!r}")
         moments = _RunningMoments.from_json(header.get("moments"), self._dense_width)
         freshness = _freshness_from_json(header.get("freshness", [0.0, 0.0]))
+        calibration = (
+            Calibration.from_json(header["calibration"])
+            if "calibration" in header
+            else self._cold_calibration()
+        )
         model = self._new_model()
         try:
             model.load_state_dict(state)
@@ -555,7 +695,9 @@ class SuccessPredictor:
                 self._moments = moments
                 self._examples_seen = seen
                 self._freshness = freshness
-            self._published = _Published(version, self._frozen_copy(model) if version > 0 else None)
+            self._published = _Published(
+                version, self._frozen_copy(model) if version > 0 else None, calibration
+            )
             return True
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -602,6 +744,53 @@ class SuccessPredictor:
             queries,
             feature_dim=self.config.feature_dim,
             max_history_tokens=self.config.max_history_tokens,
-            prior_successes=self.config.prior_successes,
-            prior_failures=self.config.prior_failures,
+            prior_mean=self._cold_mean,
+        )
+
+    @property
+    def _cold_mean(self) -> float:
+        """μ₀ = α / (α + β), the configured Beta prior's mean."""
+        return self.config.prior_successes / (self.config.prior_successes + self.config.prior_failures)
+
+    def _cold_calibration(self) -> Calibration:
+        """Before any group is seen: the configured Beta(α, β) prior; a prediction is (s + α)/(n + α + β)."""
+        return Calibration(
+            concentration=self.config.prior_successes + self.config.prior_failures,
+            history_mean=self._cold_mean,
+        )
+
+    def _fit_calibration(self, published: _Published) -> Calibration:
+        """Fit κ for each prior source by marginal likelihood and keep the better source (prequential:
+        on held-out groups once there are enough, which the network never trained on)."""
+        with self._data_lock:
+            held_out, trained = self._holdout_groups.snapshot(), self._groups.snapshot()
+        groups = held_out if len(held_out) >= _HELD_OUT_GROUPS else trained + held_out
+        if len(groups) < _MIN_GROUPS:
+            return self._cold_calibration()
+        successes = np.array([group.successes for group in groups], dtype=np.float64)
+        trials = np.array([group.trials for group in groups], dtype=np.float64)
+        earlier = np.array([group.outcomes.successes for group in groups], dtype=np.float64)
+        earlier_trials = np.array([group.outcomes.trials for group in groups], dtype=np.float64)
+        # The history-only prior: every prompt at the bare success rate of the training groups.
+        pooled = trained or groups
+        history_mean = (sum(g.successes for g in pooled) + self.config.prior_successes) / (
+            sum(g.trials for g in pooled) + self.config.prior_successes + self.config.prior_failures
+        )
+        means: dict[PriorSource, npt.NDArray[np.float64]] = {
+            "network": self._prior_means(published, [group.root for group in groups]),
+            "history": np.full(len(groups), history_mean),
+        }
+        fitted: dict[PriorSource, tuple[float, float]] = {}
+        for source, mean in means.items():
+            kappa = fit_concentration(mean, successes, trials, earlier, earlier_trials)
+            a = kappa * mean + earlier
+            b = kappa * (1.0 - mean) + earlier_trials - earlier
+            fitted[source] = (kappa, float(beta_binomial_log_likelihood(successes, trials, a, b).mean()))
+        best: PriorSource = "network" if fitted["network"][1] >= fitted["history"][1] else "history"
+        return Calibration(
+            concentration=fitted[best][0],
+            prior=best,
+            history_mean=history_mean,
+            log_likelihood={source: value for source, (_, value) in fitted.items()},
+            groups=len(groups),
         )
