@@ -51,7 +51,14 @@ from trace_service.allocation import (
     round_budgets,
     uniform_roots,
 )
-from trace_service.tree import ROOT, PrefixCandidates, prefix_candidates, tree_targets
+from trace_service.tree import (
+    ROOT,
+    FreshnessEstimate,
+    PrefixCandidates,
+    continuation_flips,
+    prefix_candidates,
+    tree_targets,
+)
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -82,7 +89,7 @@ Estimator = Callable[[Sequence[Query]], FloatArray]
 class FinishedTree:
     """One prompt's tree at the end of a step, for estimators that learn (those with an ``observe``):
     node states (each carries its history), parents as local indices (-1: the prompt), leaf rewards
-    (NaN elsewhere) and the prompt's outcomes from before this step."""
+    (NaN elsewhere), the prompt's outcomes from before this step, and this step's bare rollouts'."""
 
     prompt: Prompt
     states: list[RolloutState]
@@ -90,6 +97,8 @@ class FinishedTree:
     reward: list[float]
     successes: int
     trials: int
+    bare_successes: int
+    bare_trials: int
 
 
 def posterior_estimator(queries: Sequence[Query]) -> FloatArray:
@@ -125,6 +134,13 @@ class Branching(StrEnum):
     trace = "trace"  # Stage 2 on the estimator
 
 
+class Objective(StrEnum):
+    """What TRACE Stage 1 maximises (`trace_service.allocation.stage1`)."""
+
+    joint = "joint"  # mixed trees, counting the contrast Stage 2 adds at the learned freshness
+    paper = "paper"  # mixed groups of the bare rollouts alone
+
+
 class BudgetUnit(StrEnum):
     rollouts = "rollouts"
     turns = "turns"
@@ -136,6 +152,8 @@ class Strategy:
 
     `filters_groups` is DAPO's dynamic sampling: allocation is uniform and, after generation, only mixed
     groups are kept for training (`StepResult.kept`); effective ratios still divide by sampled groups.
+    `objective` is TRACE Stage 1's; the joint one uses the freshness learned from the strategy's own
+    earlier trees, as the service does.
     """
 
     name: str
@@ -143,6 +161,7 @@ class Strategy:
     branching: Branching = Branching.none
     estimator: Estimator = posterior_estimator
     filters_groups: bool = False
+    objective: Objective = Objective.joint
 
 
 def default_strategies(
@@ -164,7 +183,9 @@ def default_strategies(
         Strategy("trace_root", Roots.trace, Branching.random, make_estimator()),
         Strategy("trace_prefix", Roots.uniform, Branching.trace, make_estimator()),
         Strategy("trace", Roots.trace, Branching.trace, make_estimator()),
+        Strategy("trace_paper", Roots.trace, Branching.trace, make_estimator(), objective=Objective.paper),
         Strategy("oracle", Roots.trace, Branching.trace, oracle_estimator),
+        Strategy("oracle_paper", Roots.trace, Branching.trace, oracle_estimator, objective=Objective.paper),
     ]
 
 
@@ -242,13 +263,16 @@ class StepResult:
     # Continuations Stage 2 planned through its fallback (spread evenly where no prefix had value left).
     fallback_units: int
     # Regret decomposition. Stage 1: Σ_i V_root(p_i, m_i) over the started groups with the true p_i, and
-    # the same for the counts TRACE Stage 1 would choose from the true p_i for this strategy's bare budget.
+    # the same for the counts TRACE Stage 1 would choose from the true p_i for this strategy's bare budget;
+    # both in the strategy's own objective (the joint one at the freshness it allocated with).
     stage1_value: float
     stage1_oracle_value: float
     # Bare rollouts spent on prompts whose true success is below 0.05 or above 0.95.
     bare_on_extremes: int
     # Continuations whose outcome differs from the observed outcome below the prefix they branched from.
     flips: int
+    # (flips, flips fresh rollouts would have made) of this step's continuations: freshness evidence.
+    freshness_evidence: tuple[int, float]
     # (predicted, true) success at each root the strategy's estimator was asked about.
     root_predictions: tuple[tuple[float, float], ...]
 
@@ -276,6 +300,7 @@ class _Forest:
         self.parent: list[int] = []
         self.reward: list[float] = []
         self.tree_of: list[int] = []
+        self.bare: list[bool] = []
         self.forks: set[int] = set()
         # The observed outcome below each prefix when continuations from it were last planned.
         self.observed_outcome: dict[int, float] = {}
@@ -291,6 +316,7 @@ class _Forest:
             self.states.append(state)
             self.reward.append(state.reward if state.reward is not None else math.nan)
             self.tree_of.append(tree)
+            self.bare.append(bare)
         if bare:
             self.bare_trials[tree] += 1
             self.bare_successes[tree] += int(trajectory[-1].reward == 1.0)
@@ -313,9 +339,27 @@ class _Forest:
                     reward=[self.reward[node] for node in nodes],
                     successes=record.successes,
                     trials=record.trials,
+                    bare_successes=self.bare_successes[tree],
+                    bare_trials=self.bare_trials[tree],
                 )
             )
         return trees
+
+    def continuation_flips(self, predicted_root: Sequence[float]) -> tuple[int, float]:
+        """Continuation flips over all trees, against fresh rollouts' (`continuation_flips`)."""
+        flips, fresh = 0, 0.0
+        tree_of = np.asarray(self.tree_of, dtype=np.int64)
+        for tree in range(len(self.prompts)):
+            nodes = np.flatnonzero(tree_of == tree)
+            if not nodes.size:
+                continue
+            local = {int(node): i for i, node in enumerate(nodes.tolist())}
+            parent = [local.get(self.parent[node], ROOT) for node in nodes.tolist()]
+            reward = [self.reward[node] for node in nodes.tolist()]
+            bare = [self.bare[node] for node in nodes.tolist()]
+            tree_flips, tree_fresh = continuation_flips(parent, reward, bare, float(predicted_root[tree]))
+            flips, fresh = flips + tree_flips, fresh + tree_fresh
+        return flips, fresh
 
     def candidates(self) -> list[PrefixCandidates]:
         """Each tree's branching candidates (global node indices), in node order."""
@@ -382,9 +426,11 @@ def run_step(
     rng: np.random.Generator,
     *,
     learn: bool = True,
+    freshness: float = FreshnessEstimate().value,
 ) -> StepResult:
-    """Run one step of `strategy` on `pool`; update `history` (and the workload when `learn`)."""
-    counts, predicted = _root_counts(workload, strategy, pool, history, config, rng)
+    """Run one step of `strategy` on `pool`; update `history` (and the workload when `learn`).
+    `freshness` is the ρ of the joint Stage 1 objective (learned from earlier steps' trees)."""
+    counts, predicted = _root_counts(workload, strategy, pool, history, config, rng, freshness)
     true_p = workload.true_success_many([prompt.prompt_id for prompt in pool])
     ledger = _Ledger(config.turn_budget if config.unit is BudgetUnit.turns else None)
     chosen = np.flatnonzero(counts).tolist()
@@ -403,8 +449,11 @@ def run_step(
     )
     started_counts = np.zeros(len(pool), dtype=np.int64)
     started_counts[chosen] = forest.bare_trials
-    stage1_oracle = _stage1_counts(true_p, _root_budget(strategy, config), config)
+    rho = _freshness_used(strategy, freshness)
+    stage1_oracle = _stage1_counts(true_p, _root_budget(strategy, config), config, rho)
     extreme = (true_p < EXTREME_SUCCESS) | (true_p > 1.0 - EXTREME_SUCCESS)
+    root_prediction = np.full(len(pool), 0.5) if predicted is None else predicted
+    evidence = forest.continuation_flips(root_prediction[chosen]) if forest.states else (0, 0.0)
     observe = getattr(strategy.estimator, "observe", None)
     if observe is not None:
         observe(forest.finished_trees(history))
@@ -426,10 +475,15 @@ def run_step(
         continuations=ledger.continuations,
         turns=ledger.turns,
         fallback_units=ledger.fallback_units,
-        stage1_value=float(root_value(true_p, started_counts).sum()),
-        stage1_oracle_value=float(root_value(true_p, stage1_oracle).sum()),
+        stage1_value=float(
+            root_value(true_p, started_counts, expansion=config.expansion, freshness=rho).sum()
+        ),
+        stage1_oracle_value=float(
+            root_value(true_p, stage1_oracle, expansion=config.expansion, freshness=rho).sum()
+        ),
         bare_on_extremes=int(started_counts[extreme].sum()),
         flips=ledger.flips,
+        freshness_evidence=evidence,
         root_predictions=()
         if predicted is None
         else tuple(zip(predicted.tolist(), true_p.tolist(), strict=True)),
@@ -451,12 +505,15 @@ def run_strategy(
     workload's epochs (`epoch_pool`), which depend only on (seed, step): every strategy sees the same."""
     workload = make_workload(seed)
     history: dict[str, PromptRecord] = {}
+    freshness = FreshnessEstimate()
     results = []
     for step in range(steps):
         pool = workload.epoch_pool(step, pool_size)
+        rng = np.random.default_rng([seed, step, 1])
         result = run_step(
-            workload, strategy, pool, history, config, np.random.default_rng([seed, step, 1]), learn=learn
+            workload, strategy, pool, history, config, rng, learn=learn, freshness=freshness.value
         )
+        freshness = freshness.add(*result.freshness_evidence)
         results.append(result)
         if on_step is not None:
             on_step(step, result)
@@ -478,15 +535,25 @@ def _root_budget(strategy: Strategy, config: StepConfig) -> int:
     return config.bare_rollouts if strategy.branching is not Branching.none else config.total_rollouts
 
 
-def _stage1_counts(v: FloatArray, budget: int, config: StepConfig) -> IntArray:
-    """TRACE Stage 1 on `v`; on the true probabilities, the best Σ V_root a bare budget can buy."""
+def _stage1_counts(v: FloatArray, budget: int, config: StepConfig, freshness: float = 0.0) -> IntArray:
+    """TRACE Stage 1 on `v` (the joint objective when `freshness` > 0); on the true probabilities with
+    the paper's objective, the best Σ V_root a bare budget can buy."""
     return allocate_roots(
         v,
         budget,
         min_rollouts=config.min_rollouts,
         max_rollouts=config.max_rollouts,
         max_prompts=config.max_prompts,
+        expansion=config.expansion,
+        freshness=freshness,
     ).counts
+
+
+def _freshness_used(strategy: Strategy, freshness: float) -> float:
+    """The ρ a strategy's Stage 1 allocates with: the learned one for the joint objective of a strategy
+    that branches, else 0 (the paper's objective)."""
+    joint = strategy.objective is Objective.joint and strategy.branching is not Branching.none
+    return freshness if joint else 0.0
 
 
 def _root_counts(
@@ -496,6 +563,7 @@ def _root_counts(
     history: dict[str, PromptRecord],
     config: StepConfig,
     rng: np.random.Generator,
+    freshness: float,
 ) -> tuple[IntArray, FloatArray | None]:
     """Bare rollouts per pool prompt, and the estimator's predictions at the roots when it was asked."""
     budget = _root_budget(strategy, config)
@@ -526,7 +594,7 @@ def _root_counts(
     v = _estimate(strategy.estimator, roots)
     if strategy.roots is Roots.pcl:
         return pcl_roots(v, budget, rollouts_per_prompt=size), v
-    return _stage1_counts(v, budget, config), v
+    return _stage1_counts(v, budget, config, _freshness_used(strategy, freshness)), v
 
 
 def _run_bare(workload: Workload, forest: _Forest, ledger: _Ledger, rng: np.random.Generator) -> None:

@@ -15,6 +15,7 @@ from trace_service.predictor import (
     EncodedHistory,
     OutcomeCounts,
     PredictorConfig,
+    RootGroup,
     SuccessPredictor,
     TrainingExample,
 )
@@ -73,14 +74,17 @@ class LearnedEstimator:
                 for i, state in enumerate(tree.states)
                 if targets.visits[i] > 0
             ]
+            root = self.predictor.featurizer.encode_prompt(
+                tree.prompt.prompt_id, tree.prompt.text, tree.prompt.features
+            )
             if targets.root_visits:
-                root = self.predictor.featurizer.encode_prompt(
-                    tree.prompt.prompt_id, tree.prompt.text, tree.prompt.features
-                )
                 examples.append(
                     TrainingExample(root, targets.root_value, float(targets.root_visits), outcomes)
                 )
+            group = (
+                RootGroup(root, tree.bare_successes, tree.bare_trials, outcomes) if tree.bare_trials else None
+            )
             if examples:
-                self.predictor.add_examples(examples)
+                self.predictor.add_examples(examples, group)
         self.predictor.train_round(self.train_steps)
         self._encoded.clear()

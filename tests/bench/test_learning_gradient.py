@@ -135,6 +135,8 @@ def test_forest_turns_read_contexts_actions_and_tree_advantages() -> None:
         reward=[float("nan"), bare[-1].reward or 0.0, branch[-1].reward or 0.0],
         successes=0,
         trials=0,
+        bare_successes=int(bare[-1].reward == 1.0),
+        bare_trials=1,
     )
     turns = forest_tree_turns(workload, tree)
     assert turns.contexts.tolist() == [0, 1, 1]

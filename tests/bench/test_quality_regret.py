@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from tiny_policy_workload import TinyPolicyWorkload
 
-from bench.harness import StepConfig, StepResult, default_strategies, run_step
+from bench.harness import StepConfig, StepResult, Strategy, default_strategies, run_step
 from bench.quality import (
     extreme_calibration,
     extreme_share,
@@ -21,9 +21,11 @@ from bench.quality import (
 STEP = StepResult(
     pool=8, active=8, mixed=4, kept=8, mixed_forks=0, rollouts=32, continuations=0, turns=64,
     fallback_units=0, stage1_value=3.0, stage1_oracle_value=4.0, bare_on_extremes=8, flips=0,
+    freshness_evidence=(0, 0.0),
     root_predictions=(),
 )  # fmt: skip
 ORACLE = next(strategy for strategy in default_strategies() if strategy.name == "oracle")
+ORACLE_PAPER = next(strategy for strategy in default_strategies() if strategy.name == "oracle_paper")
 
 
 def test_stage1_share_pools_the_steps() -> None:
@@ -59,21 +61,23 @@ def test_calibration_at_the_extremes_and_in_bins() -> None:
     assert none == (None, 0)
 
 
-def tiny_step(rewards: list[list[list[float]]]) -> StepResult:
+def tiny_step(rewards: list[list[list[float]]], strategy: Strategy = ORACLE) -> StepResult:
     workload = TinyPolicyWorkload(rewards)
     config = StepConfig(bare_rollouts=4 * len(rewards), expansion=2.0, min_rollouts=2, max_rollouts=8)
-    return run_step(workload, ORACLE, workload.prompts, {}, config, np.random.default_rng(0), learn=False)
+    return run_step(workload, strategy, workload.prompts, {}, config, np.random.default_rng(0), learn=False)
 
 
 def test_the_oracle_against_itself_is_one_and_reads_the_truth() -> None:
     rewards = [[[0.9, 0.7], [0.1, 0.2]], [[0.5, 0.5], [0.4, 0.6]], [[0.02, 0.01], [0.0, 0.03]]]
-    result = tiny_step(rewards)
-    assert result.stage1_value == pytest.approx(result.stage1_oracle_value)
-    assert stage1_share([result]) == pytest.approx(1.0)
-    predicted, true = root_pairs([result])
-    assert predicted.tolist() == pytest.approx(true.tolist())
-    # The third task succeeds with p < 0.05: the oracle spends no bare rollout on it.
-    assert result.bare_on_extremes == 0
+    for strategy in (ORACLE, ORACLE_PAPER):
+        result = tiny_step(rewards, strategy)
+        assert result.stage1_value == pytest.approx(result.stage1_oracle_value)
+        assert stage1_share([result]) == pytest.approx(1.0)
+        predicted, true = root_pairs([result])
+        assert predicted.tolist() == pytest.approx(true.tolist())
+    # The third task succeeds with p < 0.05: the paper's oracle spends no bare rollout on it (the joint
+    # one may, once the two others are full: their continuations already cover the contrast).
+    assert tiny_step(rewards, ORACLE_PAPER).bare_on_extremes == 0
 
 
 def test_a_decided_prefix_never_flips() -> None:
