@@ -19,6 +19,27 @@ def _check_probability(name: str, value: float) -> None:
     _require(0.0 <= value <= 1.0, f"{name} must lie in [0, 1], got {value}")
 
 
+def _check_flip(name: str, value: float) -> None:
+    # Past 0.5 a flipped cue would carry the opposite signal rather than less of it.
+    _require(0.0 <= value <= 0.5, f"{name} must lie in [0, 0.5]")
+
+
+def _check_non_negative(name: str, value: float) -> None:
+    _require(value >= 0, f"{name} must be non-negative")
+
+
+def _check_counts(noun: str, stem: str, low: int, high: int) -> None:
+    """1 <= `low` <= `high` for the fields min_`stem` and max_`stem`."""
+    _require(1 <= low <= high, f"{noun} must satisfy 1 <= min_{stem} <= max_{stem}, got {low}, {high}")
+
+
+def _check_population(prompts: int, learning_rate: float, feature_dim: int) -> None:
+    """The fields every workload config shares: the task count, the learning rate, the feature size."""
+    _require(prompts >= 1, f"prompts must be at least 1, got {prompts}")
+    _check_non_negative("learning_rate", learning_rate)
+    _check_non_negative("feature_dim", feature_dim)
+
+
 @dataclass(frozen=True, slots=True)
 class BetaComponent:
     """One component of the prompt-difficulty mixture: `weight` · Beta(`alpha`, `beta`)."""
@@ -67,7 +88,7 @@ class VocabularyConfig:
 
     def __post_init__(self) -> None:
         _require(self.distractor_words >= 1, "distractor_words must be at least 1")
-        _require(self.zipf_exponent >= 0, "zipf_exponent must be non-negative")
+        _check_non_negative("zipf_exponent", self.zipf_exponent)
         _require(self.levels >= 2, "levels must be at least 2")
         for name in ("words_per_level", "progress_words", "setback_words", "tools"):
             _require(getattr(self, name) >= 1, f"{name} must be at least 1")
@@ -106,8 +127,8 @@ class TextConfig:
         _check_probability("prompt_signal_rate", self.prompt_signal_rate)
         _check_probability("thought_signal_rate", self.thought_signal_rate)
         _check_probability("observation_signal_rate", self.observation_signal_rate)
-        _require(0.0 <= self.observation_flip <= 0.5, "observation_flip must lie in [0, 0.5]")
-        _require(self.level_noise >= 0, "level_noise must be non-negative")
+        _check_flip("observation_flip", self.observation_flip)
+        _check_non_negative("level_noise", self.level_noise)
         _require(self.level_span > 0, "level_span must be positive")
 
 
@@ -138,19 +159,14 @@ class SimConfig:
     text: TextConfig = field(default_factory=TextConfig)
 
     def __post_init__(self) -> None:
-        _require(self.prompts >= 1, f"prompts must be at least 1, got {self.prompts}")
+        _check_population(self.prompts, self.learning_rate, self.feature_dim)
         _require(len(self.difficulty) >= 1, "difficulty needs at least one Beta component")
-        _require(
-            1 <= self.min_turns <= self.max_turns,
-            f"turn counts must satisfy 1 <= min_turns <= max_turns, got {self.min_turns}, {self.max_turns}",
-        )
+        _check_counts("turn counts", "turns", self.min_turns, self.max_turns)
         _check_probability("stop_prob", self.stop_prob)
         low, high = self.step_size
         _require(
             0.0 <= low <= high <= 1.0, f"step_size must satisfy 0 <= low <= high <= 1, got {self.step_size}"
         )
-        _require(self.learning_rate >= 0, "learning_rate must be non-negative")
-        _require(self.feature_dim >= 0, "feature_dim must be non-negative")
 
     @property
     def expected_turns(self) -> float:

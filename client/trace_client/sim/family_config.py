@@ -8,8 +8,17 @@ near-certain, near-hopeless and in-between tasks.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
-from trace_client.sim.config import _check_probability, _check_range, _require
+from trace_client.sim.config import (
+    _check_counts,
+    _check_flip,
+    _check_non_negative,
+    _check_population,
+    _check_probability,
+    _check_range,
+    _require,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,14 +34,47 @@ class LogitComponent:
         _require(self.sd >= 0, f"standard deviation must be non-negative, got {self.sd}")
 
 
-def _check_common(prompts: int, difficulty: tuple[LogitComponent, ...], learning_rate: float) -> None:
-    _require(prompts >= 1, f"prompts must be at least 1, got {prompts}")
-    _require(len(difficulty) >= 1, "difficulty needs at least one component")
-    _require(learning_rate >= 0, "learning_rate must be non-negative")
+class FamilyConfig(Protocol):
+    """The fields every policy family's config has, with one meaning in all of them (the defaults differ).
+
+    Prompts hold graded words at `prompt_signal_rate`, graded by z plus a per-prompt offset
+    N(0, `text_bias`²) they share, each word blurred again by `level_noise`.
+    """
+
+    @property
+    def prompts(self) -> int: ...
+    @property
+    def actions(self) -> int: ...
+    @property
+    def max_turns(self) -> int: ...
+    @property
+    def difficulty(self) -> tuple[LogitComponent, ...]: ...
+    @property
+    def learning_rate(self) -> float: ...
+    @property
+    def feature_dim(self) -> int: ...
+    @property
+    def feature_signal(self) -> float: ...
+    @property
+    def vocabulary_seed(self) -> int: ...
+    @property
+    def prompt_words(self) -> tuple[int, int]: ...
+    @property
+    def prompt_signal_rate(self) -> float: ...
+    @property
+    def level_noise(self) -> float: ...
+    @property
+    def text_bias(self) -> float: ...
 
 
-def _check_features(feature_dim: int) -> None:
-    _require(feature_dim >= 0, "feature_dim must be non-negative")
+def _check_family(config: FamilyConfig) -> None:
+    """Validates the fields of `FamilyConfig`; each family checks its own fields after."""
+    _check_population(config.prompts, config.learning_rate, config.feature_dim)
+    _require(len(config.difficulty) >= 1, "difficulty needs at least one component")
+    _check_probability("prompt_signal_rate", config.prompt_signal_rate)
+    _check_non_negative("level_noise", config.level_noise)
+    _check_non_negative("text_bias", config.text_bias)
+    _check_range("prompt_words", config.prompt_words, 1)
 
 
 # Bimodal: a maths task is mostly solved or mostly failed, whatever the steps.
@@ -85,21 +127,13 @@ class MathConfig:
     verdict_flip: float = 0.35
 
     def __post_init__(self) -> None:
-        _check_common(self.prompts, self.difficulty, self.learning_rate)
-        _check_features(self.feature_dim)
+        _check_family(self)
         _require(self.topics >= 1 and self.actions >= 2, "need at least one topic and two actions")
-        _require(
-            1 <= self.min_steps <= self.max_steps,
-            f"steps must satisfy 1 <= min_steps <= max_steps, got {self.min_steps}, {self.max_steps}",
-        )
+        _check_counts("steps", "steps", self.min_steps, self.max_steps)
         _check_probability("answer_prob", self.answer_prob)
         _check_probability("topic_noise", self.topic_noise)
-        _check_probability("prompt_signal_rate", self.prompt_signal_rate)
         _check_probability("verdict_rate", self.verdict_rate)
-        _require(0.0 <= self.verdict_flip <= 0.5, "verdict_flip must lie in [0, 0.5]")
-        _require(self.level_noise >= 0, "level_noise must be non-negative")
-        _require(self.text_bias >= 0, "text_bias must be non-negative")
-        _check_range("prompt_words", self.prompt_words, 1)
+        _check_flip("verdict_flip", self.verdict_flip)
         _check_range("step_words", self.step_words, 0)
 
     @property
@@ -169,29 +203,21 @@ class MultihopConfig:
     misled_relevance: float = 0.6
 
     def __post_init__(self) -> None:
-        _check_common(self.prompts, self.difficulty, self.learning_rate)
-        _check_features(self.feature_dim)
+        _check_family(self)
         _require(self.kinds >= 1 and self.search_styles >= 1, "need at least one kind and one search style")
-        _require(
-            1 <= self.min_hops <= self.max_hops,
-            f"hops must satisfy 1 <= min_hops <= max_hops, got {self.min_hops}, {self.max_hops}",
-        )
+        _check_counts("hops", "hops", self.min_hops, self.max_hops)
         _require(self.max_turns >= 1, "max_turns must be at least 1")
         _require(
             len(self.answer_prior) == self.max_hops + 1,
             f"answer_prior needs one logit per documents-found level 0 … {self.max_hops}",
         )
         _check_probability("kind_noise", self.kind_noise)
-        _require(self.missing_penalty >= 0, "missing_penalty must be non-negative")
-        _require(self.derail_penalty >= 0, "derail_penalty must be non-negative")
+        _check_non_negative("missing_penalty", self.missing_penalty)
+        _check_non_negative("derail_penalty", self.derail_penalty)
         _check_probability("mislead_rate", self.mislead_rate)
         _check_probability("misled_relevance", self.misled_relevance)
-        _check_probability("prompt_signal_rate", self.prompt_signal_rate)
         _check_probability("relevance_rate", self.relevance_rate)
-        _require(0.0 <= self.document_flip <= 0.5, "document_flip must lie in [0, 0.5]")
-        _require(self.level_noise >= 0, "level_noise must be non-negative")
-        _require(self.text_bias >= 0, "text_bias must be non-negative")
-        _check_range("prompt_words", self.prompt_words, 1)
+        _check_flip("document_flip", self.document_flip)
         _check_range("document_words", self.document_words, 0)
 
     @property
@@ -244,20 +270,12 @@ class ToolcallConfig:
     retryable_flip: float = 0.2
 
     def __post_init__(self) -> None:
-        _check_common(self.prompts, self.difficulty, self.learning_rate)
-        _check_features(self.feature_dim)
+        _check_family(self)
         _require(self.apis >= 1 and self.actions >= 2, "need at least one API and two variants")
-        _require(
-            1 <= self.min_calls <= self.max_calls,
-            f"calls must satisfy 1 <= min_calls <= max_calls, got {self.min_calls}, {self.max_calls}",
-        )
+        _check_counts("calls", "calls", self.min_calls, self.max_calls)
         _require(self.max_turns >= self.max_calls, "max_turns must leave room for max_calls calls")
         _check_probability("api_noise", self.api_noise)
         _check_probability("fatal_right", self.fatal_right)
         _check_probability("fatal_wrong", self.fatal_wrong)
-        _check_probability("prompt_signal_rate", self.prompt_signal_rate)
-        _require(0.0 <= self.retryable_flip <= 0.5, "retryable_flip must lie in [0, 0.5]")
-        _require(self.level_noise >= 0, "level_noise must be non-negative")
-        _require(self.text_bias >= 0, "text_bias must be non-negative")
-        _check_range("prompt_words", self.prompt_words, 1)
+        _check_flip("retryable_flip", self.retryable_flip)
         _check_range("message_words", self.message_words, 0)
