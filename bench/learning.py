@@ -371,7 +371,8 @@ class ServiceArm(ArmRun):
         now = time.monotonic()
         deadline, quiet_until = now + patience, now + 2 * TRAIN_INTERVAL_SECONDS
         while time.monotonic() < deadline:
-            await asyncio.sleep(TRAIN_INTERVAL_SECONDS / 2)
+            # Not faster: each GET /v1/predictor scores the predictor's held-out trees.
+            await asyncio.sleep(TRAIN_INTERVAL_SECONDS)
             info = await self.client.predictor_info()
             if info.version > before.version:
                 return
@@ -625,15 +626,16 @@ def plot(results: dict[str, dict[int, dict[str, Curve]]], out: Path) -> list[Pat
     for family, per_seed in results.items():
         figure, (by_turns, by_step) = plt.subplots(1, 2, figsize=(13, 5))
         names = list(next(iter(per_seed.values())))
-        colors = plt.get_cmap("tab20")(np.linspace(0, 1, len(names)))
-        for name, color in zip(names, colors, strict=True):
+        # uniform black, trace red, oracle purple; the others from the rest of tab10, then tab20's pale.
+        tab10, tab20 = plt.get_cmap("tab10").colors, plt.get_cmap("tab20").colors
+        others = iter([c for i, c in enumerate(tab10) if i not in (3, 4)] + list(tab20[1::2]))
+        fixed = {UNIFORM: "black", "trace": "tab:red", ORACLE: "tab:purple"}
+        for name in names:
+            color = fixed.get(name) or next(others)
             arm_curves = [curves[name] for curves in per_seed.values()]
             success = np.mean([curve.success for curve in arm_curves], axis=0)
             turns = np.mean([curve.turns for curve in arm_curves], axis=0)
-            style = {
-                "color": "black" if name == UNIFORM else color,
-                "linewidth": 2.4 if name in (UNIFORM, "trace", ORACLE) else 1.2,
-            }
+            style = {"color": color, "linewidth": 2.4 if name in fixed else 1.2}
             by_turns.plot(turns, success, label=name, **style)
             by_step.plot(np.arange(success.size), success, label=name, **style)
         by_step.xaxis.set_major_locator(MaxNLocator(integer=True))
