@@ -22,8 +22,9 @@ from trace_client.sim.tabular import (
     IntArray,
     TabularWorkload,
     TurnDraw,
-    draw_difficulty,
-    noisy_labels,
+    apparent_difficulty,
+    draw_tasks,
+    graded_prompt_words,
     sigmoid,
     uniform_lengths,
 )
@@ -45,9 +46,9 @@ class MathWorkload(TabularWorkload):
         self.config = config if config is not None else MathConfig()
         config = self.config
         rng = np.random.default_rng([seed, _FAMILY_TAG])
-        self.topic = rng.integers(0, config.topics, config.prompts).astype(np.int64)
-        self.visible_topic = noisy_labels(self.topic, config.topics, config.topic_noise, rng)
-        self.difficulty = draw_difficulty(config.difficulty, config.prompts, rng)
+        self.topic, self.visible_topic, self.difficulty = draw_tasks(
+            config, config.topics, config.topic_noise, rng
+        )
         self.lexicon = Lexicon(
             MATH_SPELLING,
             {
@@ -61,17 +62,11 @@ class MathWorkload(TabularWorkload):
             seed=(config.vocabulary_seed, _FAMILY_TAG),
         )
         super().__init__(
+            config,
             seed=seed,
-            prompts=config.prompts,
-            max_turns=config.max_turns,
             states=config.max_steps + 3,
-            actions=config.actions,
             contexts=config.topics * config.max_turns,
             theta=np.zeros((config.topics * config.max_turns, config.actions)),
-            learning_rate=config.learning_rate,
-            feature_dim=config.feature_dim,
-            feature_signal=config.feature_signal,
-            feature_seed=config.vocabulary_seed,
             text_rng=rng,
         )
 
@@ -127,24 +122,11 @@ class MathWorkload(TabularWorkload):
     def _prompt_texts(self, rng: np.random.Generator) -> list[str]:
         config = self.config
         count = config.prompts
-        # How easy the prompt reads: z plus a per-prompt offset its graded words share (text can
-        # mislead consistently), each word blurred again by level_noise.
-        apparent = self.difficulty + config.text_bias * rng.standard_normal(count)
+        apparent = apparent_difficulty(self.difficulty, config, rng)
         lexicon = self.lexicon
         topic_words = lexicon.of("topic", 3 * self.visible_topic + rng.integers(0, 3, count))
-        lengths = uniform_lengths(config.prompt_words, count, rng)
-        words = lexicon.segments(
-            lengths,
-            np.full(count, config.prompt_signal_rate),
-            lambda owners: lexicon.graded(
-                "difficulty",
-                apparent[owners],
-                _DIFFICULTY_LEVELS,
-                config.level_noise,
-                _LEVEL_SPAN,
-                rng,
-            ),
-            rng,
+        words = graded_prompt_words(
+            lexicon, "difficulty", apparent, _DIFFICULTY_LEVELS, _LEVEL_SPAN, config, rng
         )
         # Harder-reading tasks get longer equations: terms = clip(round(3 − (apparent + 1.5·ε) / 2.5), 1, 6).
         noisy = apparent + 1.5 * rng.standard_normal(count)

@@ -25,8 +25,9 @@ from trace_client.sim.tabular import (
     IntArray,
     TabularWorkload,
     TurnDraw,
-    draw_difficulty,
-    noisy_labels,
+    apparent_difficulty,
+    draw_tasks,
+    graded_prompt_words,
     sigmoid,
     uniform_lengths,
 )
@@ -50,9 +51,9 @@ class MultihopWorkload(TabularWorkload):
         self.config = config if config is not None else MultihopConfig()
         config = self.config
         rng = np.random.default_rng([seed, _FAMILY_TAG])
-        self.kind = rng.integers(0, config.kinds, config.prompts).astype(np.int64)
-        self.visible_kind = noisy_labels(self.kind, config.kinds, config.kind_noise, rng)
-        self.difficulty = draw_difficulty(config.difficulty, config.prompts, rng)
+        self.kind, self.visible_kind, self.difficulty = draw_tasks(
+            config, config.kinds, config.kind_noise, rng
+        )
         self.hops = self.hops_of(self.kind)
         # The question's subject and the entity each hop leads to (the last is the answer).
         self._chain = rng.integers(0, _ENTITIES, (config.prompts, config.max_hops + 1)).astype(np.int64)
@@ -73,17 +74,11 @@ class MultihopWorkload(TabularWorkload):
         theta = np.zeros((config.kinds * levels, config.actions))
         theta[:, -1] = np.tile(np.array(config.answer_prior), config.kinds)
         super().__init__(
+            config,
             seed=seed,
-            prompts=config.prompts,
-            max_turns=config.max_turns,
             states=2 * config.max_hops + 3,
-            actions=config.actions,
             contexts=config.kinds * levels,
             theta=theta,
-            learning_rate=config.learning_rate,
-            feature_dim=config.feature_dim,
-            feature_signal=config.feature_signal,
-            feature_seed=config.vocabulary_seed,
             text_rng=rng,
         )
 
@@ -174,9 +169,7 @@ class MultihopWorkload(TabularWorkload):
     def _prompt_texts(self, rng: np.random.Generator) -> list[str]:
         config = self.config
         count = config.prompts
-        # How easy the prompt reads: z plus a per-prompt offset its graded words share (text can
-        # mislead consistently), each word blurred again by level_noise.
-        apparent = self.difficulty + config.text_bias * rng.standard_normal(count)
+        apparent = apparent_difficulty(self.difficulty, config, rng)
         lexicon = self.lexicon
         relation_ids = _RELATIONS_PER_KIND * self.visible_kind[:, None] + rng.integers(
             0, _RELATIONS_PER_KIND, (count, config.max_hops)
@@ -185,14 +178,8 @@ class MultihopWorkload(TabularWorkload):
             count, config.max_hops
         )
         subjects = self._entities(self._chain[:, 0])
-        lengths = uniform_lengths(config.prompt_words, count, rng)
-        words = lexicon.segments(
-            lengths,
-            np.full(count, config.prompt_signal_rate),
-            lambda owners: lexicon.graded(
-                "prominence", apparent[owners], _PROMINENCE_LEVELS, config.level_noise, _LEVEL_SPAN, rng
-            ),
-            rng,
+        words = graded_prompt_words(
+            lexicon, "prominence", apparent, _PROMINENCE_LEVELS, _LEVEL_SPAN, config, rng
         )
         return [
             f"question: {' of '.join(row[:hops])} of {subject}? {text}"

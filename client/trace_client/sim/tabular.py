@@ -27,7 +27,8 @@ import numpy as np
 import numpy.typing as npt
 
 from trace_client.sim.base import PolicyWorkload
-from trace_client.sim.family_config import LogitComponent
+from trace_client.sim.family_config import FamilyConfig, LogitComponent
+from trace_client.sim.lexicon import Lexicon
 from trace_client.sim.state import Prompt, RolloutState, Turn
 
 IntArray = npt.NDArray[np.int64]
@@ -82,6 +83,45 @@ def noisy_labels(labels: IntArray, classes: int, noise: float, rng: np.random.Ge
     return np.where(wrong, (labels + shift) % classes, labels).astype(np.int64)
 
 
+def draw_tasks(
+    config: FamilyConfig, classes: int, noise: float, rng: np.random.Generator
+) -> tuple[IntArray, IntArray, FloatArray]:
+    """Per task its type (uniform over `classes`), the type the agent sees (`noisy_labels` with `noise`)
+    and its difficulty z (`draw_difficulty` from `config.difficulty`)."""
+    kind = rng.integers(0, classes, config.prompts).astype(np.int64)
+    visible = noisy_labels(kind, classes, noise, rng)
+    return kind, visible, draw_difficulty(config.difficulty, config.prompts, rng)
+
+
+def apparent_difficulty(difficulty: FloatArray, config: FamilyConfig, rng: np.random.Generator) -> FloatArray:
+    """How easy each prompt reads: z + `text_bias` · ε, ε ~ N(0, 1), an offset all of a prompt's graded
+    words share (so text can mislead consistently); `graded_prompt_words` blurs each word again."""
+    return np.asarray(
+        difficulty + config.text_bias * rng.standard_normal(difficulty.shape[0]), dtype=np.float64
+    )
+
+
+def graded_prompt_words(
+    lexicon: Lexicon,
+    word_class: str,
+    apparent: FloatArray,
+    levels: int,
+    span: float,
+    config: FamilyConfig,
+    rng: np.random.Generator,
+) -> list[str]:
+    """One text per prompt, `prompt_words` long: each word with probability `prompt_signal_rate` a word of
+    the graded `word_class` for the prompt's `apparent` logit blurred by `level_noise`, else a distractor."""
+    count = apparent.shape[0]
+    lengths = uniform_lengths(config.prompt_words, count, rng)
+    return lexicon.segments(
+        lengths,
+        np.full(count, config.prompt_signal_rate),
+        lambda owners: lexicon.graded(word_class, apparent[owners], levels, config.level_noise, span, rng),
+        rng,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class TurnDraw:
     """One batch of drawn turns, for rendering: per turn its task, turn index t (0-based), the latent
@@ -98,38 +138,37 @@ class TurnDraw:
 class TabularWorkload(PolicyWorkload):
     """A population of tabular MDP tasks with exact values under the current policy (see the module).
 
-    A family subclass draws its tasks, then calls `__init__`, and supplies the tables (`_next_states`,
-    `_context_table`, `_transition_probabilities`, the last reading the per-task competence) and the text
-    (`_prompt_texts`, `_turn_texts`). Only non-terminal rows of the tables need filling.
+    A family subclass draws its tasks, then calls `__init__` with its config, and supplies the tables
+    (`_next_states`, `_context_table`, `_transition_probabilities`, the last reading the per-task
+    competence) and the text (`_prompt_texts`, `_turn_texts`). Only non-terminal rows of the tables need
+    filling.
     """
 
     def __init__(
         self,
+        config: FamilyConfig,
         *,
         seed: int,
-        prompts: int,
-        max_turns: int,
         states: int,
-        actions: int,
         contexts: int,
         theta: FloatArray,
-        learning_rate: float,
-        feature_dim: int,
-        feature_signal: float,
-        feature_seed: int,
         text_rng: np.random.Generator,
     ) -> None:
+        prompts, max_turns = config.prompts, config.max_turns
         self.seed = seed
         self.max_turns = max_turns
         self.states = states
-        self.actions = actions
+        self.actions = config.actions
         self.contexts = contexts
         self.success_state = states - 2
         self.failure_state = states - 1
-        self._learning_rate = learning_rate
-        self._feature_dim = feature_dim
-        self._feature_signal = feature_signal
-        direction = np.random.default_rng([feature_seed, 1]).standard_normal(max(feature_dim, 1))
+        self._learning_rate = config.learning_rate
+        self._feature_dim = config.feature_dim
+        self._feature_signal = config.feature_signal
+        # The feature direction follows the vocabulary seed: held-out tasks read features the same way.
+        direction = np.random.default_rng([config.vocabulary_seed, 1]).standard_normal(
+            max(config.feature_dim, 1)
+        )
         self._feature_direction = direction / np.linalg.norm(direction)
         self._competence = np.zeros(prompts)
         self._next_state = self._with_absorbing_next(self._next_states())

@@ -24,8 +24,9 @@ from trace_client.sim.tabular import (
     IntArray,
     TabularWorkload,
     TurnDraw,
-    draw_difficulty,
-    noisy_labels,
+    apparent_difficulty,
+    draw_tasks,
+    graded_prompt_words,
     sigmoid,
     uniform_lengths,
 )
@@ -47,9 +48,7 @@ class ToolcallWorkload(TabularWorkload):
         self.config = config if config is not None else ToolcallConfig()
         config = self.config
         rng = np.random.default_rng([seed, _FAMILY_TAG])
-        self.api = rng.integers(0, config.apis, config.prompts).astype(np.int64)
-        self.visible_api = noisy_labels(self.api, config.apis, config.api_noise, rng)
-        self.difficulty = draw_difficulty(config.difficulty, config.prompts, rng)
+        self.api, self.visible_api, self.difficulty = draw_tasks(config, config.apis, config.api_noise, rng)
         self.calls = rng.integers(config.min_calls, config.max_calls + 1, config.prompts).astype(np.int64)
         self.lexicon = Lexicon(
             TOOLCALL_SPELLING,
@@ -71,17 +70,11 @@ class ToolcallWorkload(TabularWorkload):
         ]
         contexts = config.apis * config.max_calls * 2
         super().__init__(
+            config,
             seed=seed,
-            prompts=config.prompts,
-            max_turns=config.max_turns,
             states=2 * config.max_calls + 2,
-            actions=config.actions,
             contexts=contexts,
             theta=np.zeros((contexts, config.actions)),
-            learning_rate=config.learning_rate,
-            feature_dim=config.feature_dim,
-            feature_signal=config.feature_signal,
-            feature_seed=config.vocabulary_seed,
             text_rng=rng,
         )
 
@@ -135,24 +128,9 @@ class ToolcallWorkload(TabularWorkload):
 
     def _prompt_texts(self, rng: np.random.Generator) -> list[str]:
         config = self.config
-        count = config.prompts
-        # How easy the prompt reads: z plus a per-prompt offset its graded words share (text can
-        # mislead consistently), each word blurred again by level_noise.
-        apparent = self.difficulty + config.text_bias * rng.standard_normal(count)
-        lexicon = self.lexicon
-        lengths = uniform_lengths(config.prompt_words, count, rng)
-        words = lexicon.segments(
-            lengths,
-            np.full(count, config.prompt_signal_rate),
-            lambda owners: lexicon.graded(
-                "difficulty",
-                apparent[owners],
-                _DIFFICULTY_LEVELS,
-                config.level_noise,
-                _LEVEL_SPAN,
-                rng,
-            ),
-            rng,
+        apparent = apparent_difficulty(self.difficulty, config, rng)
+        words = graded_prompt_words(
+            self.lexicon, "difficulty", apparent, _DIFFICULTY_LEVELS, _LEVEL_SPAN, config, rng
         )
         listings = [", ".join(f'"{tool}"' for tool in tools) for tools in self.tool_names]
         return [
