@@ -11,7 +11,9 @@ Arms, each with its own copy of the policy θ (the family's initial policy) and 
   <policy>       every allocation policy of the v1 contract (`trace_proto.Policy`) with M bare rollouts
                  and expansion N (the contract's `uniform` policy, uniform Stage 1 and 2, is `uniform_tree`)
   oracle         TRACE Stage 1 and Stage 2 on the workload's true probabilities, in process
-                 (`bench.harness.run_step`, the same `trace_service.allocation` functions the service uses)
+                 (`bench.harness.run_step`, the same `trace_service.allocation` functions the service uses):
+                 the joint Stage 1 objective at the freshness learned from its own trees, as the service's
+                 `trace`; `oracle_paper` with the paper's objective, as the service's `trace_paper`
 
 The service's predictor is one per process (jobs share it), so every arm whose policy reads Ṽ drives its
 own `trace-rollout serve` process, whose predictor learns only from that arm's trees; the arms whose
@@ -55,7 +57,16 @@ import numpy.typing as npt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import Branching, Query, Roots, StepConfig, Strategy, oracle_estimator, run_step
+from bench.harness import (
+    Branching,
+    Objective,
+    Query,
+    Roots,
+    StepConfig,
+    Strategy,
+    oracle_estimator,
+    run_step,
+)
 from bench.harness import FinishedTree as ForestTree
 from bench.load import RedisProcess, ServiceProcess
 from bench.protocol import add_family_arguments, chosen_families, protocol_line
@@ -65,7 +76,7 @@ from trace_client.driver import DriverConfig, FinishedTree, RolloutDriver
 from trace_client.sim import FAMILIES, Prompt, RolloutState, make_workload
 from trace_client.sim.base import PolicyWorkload
 from trace_proto import AllocateRequest, Policy
-from trace_service.tree import advantages, tree_targets
+from trace_service.tree import FreshnessEstimate, advantages, tree_targets
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -73,6 +84,7 @@ IntArray = npt.NDArray[np.int64]
 UNIFORM = "uniform"
 UNIFORM_TREE = "uniform_tree"
 ORACLE = "oracle"
+ORACLE_PAPER = "oracle_paper"
 #: Policies whose Stage 1 and Stage 2 never read Ṽ (the contract's `Policy` docs): their arms share one
 #: serve-only process. Any other policy, a new one included, gets its own process and predictor.
 PREDICTOR_FREE = frozenset({Policy.UNIFORM, Policy.DAPO, Policy.GRESO, Policy.TREEPO})
@@ -222,12 +234,13 @@ OPTIMIZERS = {"adam": Adam, "sgd": SGD}
 
 @dataclass(frozen=True)
 class Arm:
-    """An allocation rule and its budget; `policy` None is the in-process oracle."""
+    """An allocation rule and its budget; `policy` None is an in-process oracle with Stage 1 `objective`."""
 
     name: str
     policy: Policy | None
     budget: int
     expansion: float
+    objective: Objective = Objective.joint
 
     @property
     def flat(self) -> bool:
@@ -253,6 +266,7 @@ def build_arms(bare: int, expansion: float) -> list[Arm]:
         for policy in Policy
     ]
     arms.append(Arm(ORACLE, None, bare, expansion))
+    arms.append(Arm(ORACLE_PAPER, None, bare, expansion, Objective.paper))
     return arms
 
 
@@ -402,16 +416,29 @@ class OracleArm(ArmRun):
         super().__init__(arm, family, seed, args)
         self.seed = seed
         self.estimator = _TrueProbabilities()
-        self.strategy = Strategy(ORACLE, Roots.trace, Branching.trace, self.estimator)
+        self.strategy = Strategy(
+            arm.name, Roots.trace, Branching.trace, self.estimator, objective=arm.objective
+        )
         self.config = StepConfig(
             bare_rollouts=arm.budget, expansion=arm.expansion, max_rollouts=args.max_rollouts
         )
+        self.freshness = FreshnessEstimate()
 
     def step(self, step: int, pool: Sequence[Prompt]) -> StepOutcome:
         self.workload.policy = self.theta
         rng = np.random.default_rng([self.seed, step, 2])
         # No outcome history: the oracle reads the truth. No learning mode: θ is the only thing that learns.
-        result = run_step(self.workload, self.strategy, pool, {}, self.config, rng, learn=False)
+        result = run_step(
+            self.workload,
+            self.strategy,
+            pool,
+            {},
+            self.config,
+            rng,
+            learn=False,
+            freshness=self.freshness.value,
+        )
+        self.freshness = self.freshness.add(*result.freshness_evidence)
         turns = SampledTurns.concat([forest_tree_turns(self.workload, tree) for tree in self.estimator.trees])
         return StepOutcome(turns, result.rollouts, result.turns, result.mixed, result.active)
 
