@@ -3,7 +3,8 @@
 A family's words are pronounceable synthetic tokens. Spelling rules keep families apart by
 construction: every word of a family contains one of its *marker* letters and no marker letter of another
 family, and the ReAct family's words (`trace_client.sim.vocabulary`) use no marker letter at all, so no
-two families can ever share a generated word, whatever their seeds.
+two families can ever share a generated word, whatever their seeds. `WordClasses` holds the text drawing
+that a family's `Lexicon` and the ReAct `Vocabulary` share.
 """
 
 from __future__ import annotations
@@ -95,15 +96,13 @@ def spell_words(count: int, spelling: Spelling, rng: np.random.Generator) -> lis
     return words
 
 
-class Lexicon:
-    """A family's words, split into named classes over consecutive index ranges.
-
-    The class "distractor" is drawn Zipf-distributed (`zipf_exponent`), like natural filler text; every
-    other class is drawn by index.
-    """
+class WordClasses:
+    """Generated words split into named classes over consecutive index ranges, with the text drawing that
+    any such word table supports: Zipf-distributed distractors (class "distractor", `zipf_exponent`),
+    graded words, and texts of signal words among distractors. `spell(count)` spells all the words."""
 
     def __init__(
-        self, spelling: Spelling, sizes: Mapping[str, int], seed: Sequence[int], zipf_exponent: float = 1.0
+        self, sizes: Mapping[str, int], spell: Callable[[int], list[str]], zipf_exponent: float
     ) -> None:
         if sizes.get("distractor", 0) < 1:
             raise ValueError("a lexicon needs at least one distractor word")
@@ -113,30 +112,18 @@ class Lexicon:
         for name, size in sizes.items():
             self.start[name] = offset
             offset += size
-        self.words: list[str] = spell_words(offset, spelling, np.random.default_rng(list(seed)))
+        self.words: list[str] = spell(offset)
         self._word_array = np.array(self.words, dtype=object)
         ranks = np.arange(1, sizes["distractor"] + 1, dtype=np.float64)
         frequencies = ranks ** (-zipf_exponent)
         self._distractor_cdf = np.cumsum(frequencies / frequencies.sum())
-
-    def word(self, word_class: str, index: int) -> str:
-        return self.words[self.start[word_class] + index]
-
-    def of(self, word_class: str, index: IntArray) -> list[str]:
-        """The words of one class at the given indices."""
-        words: list[str] = self._word_array[self.start[word_class] + index].tolist()
-        return words
-
-    def uniform(self, word_class: str, count: int, rng: np.random.Generator) -> IntArray:
-        """Word ids drawn uniformly from one class."""
-        return (self.start[word_class] + rng.integers(0, self.size[word_class], count)).astype(np.int64)
 
     def distractors(self, count: int, rng: np.random.Generator) -> IntArray:
         ranks = np.searchsorted(self._distractor_cdf, rng.random(count), side="right")
         # Guard the float round-off at the top of the CDF.
         return (self.start["distractor"] + np.minimum(ranks, self.size["distractor"] - 1)).astype(np.int64)
 
-    def graded(
+    def graded_words(
         self,
         word_class: str,
         logits: FloatArray,
@@ -175,3 +162,26 @@ class Lexicon:
         words: list[str] = self._word_array[ids].tolist()
         bounds = np.concatenate(([0], np.cumsum(lengths))).tolist()
         return [separator.join(words[begin:end]) for begin, end in itertools.pairwise(bounds)]
+
+
+class Lexicon(WordClasses):
+    """A family's words, spelled by `spelling` from `seed`, split into named classes (`WordClasses`);
+    every class but "distractor" is drawn by index."""
+
+    def __init__(
+        self, spelling: Spelling, sizes: Mapping[str, int], seed: Sequence[int], zipf_exponent: float = 1.0
+    ) -> None:
+        rng = np.random.default_rng(list(seed))
+        super().__init__(sizes, lambda count: spell_words(count, spelling, rng), zipf_exponent)
+
+    def word(self, word_class: str, index: int) -> str:
+        return self.words[self.start[word_class] + index]
+
+    def of(self, word_class: str, index: IntArray) -> list[str]:
+        """The words of one class at the given indices."""
+        words: list[str] = self._word_array[self.start[word_class] + index].tolist()
+        return words
+
+    def uniform(self, word_class: str, count: int, rng: np.random.Generator) -> IntArray:
+        """Word ids drawn uniformly from one class."""
+        return (self.start[word_class] + rng.integers(0, self.size[word_class], count)).astype(np.int64)

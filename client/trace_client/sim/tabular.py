@@ -117,7 +117,9 @@ def graded_prompt_words(
     return lexicon.segments(
         lengths,
         np.full(count, config.prompt_signal_rate),
-        lambda owners: lexicon.graded(word_class, apparent[owners], levels, config.level_noise, span, rng),
+        lambda owners: lexicon.graded_words(
+            word_class, apparent[owners], levels, config.level_noise, span, rng
+        ),
         rng,
     )
 

@@ -8,13 +8,11 @@ rollouts fast.
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable
-
 import numpy as np
 import numpy.typing as npt
 
 from trace_client.sim.config import TextConfig, VocabularyConfig
+from trace_client.sim.lexicon import WordClasses
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -48,7 +46,7 @@ def _spell_words(count: int, rng: np.random.Generator) -> list[str]:
     return words
 
 
-class Vocabulary:
+class Vocabulary(WordClasses):
     """All words of one workload, split into classes that occupy consecutive index ranges.
 
     Classes: distractors (Zipf-distributed), difficulty levels (prompts), confidence levels (thoughts),
@@ -68,38 +66,19 @@ class Vocabulary:
             "tool": config.tools,
             "finish": 1,
         }
-        self.start: dict[str, int] = {}
-        offset = 0
-        for name, size in sizes.items():
-            self.start[name] = offset
-            offset += size
-        self.words: list[str] = _spell_words(offset, np.random.default_rng(config.seed))
-        self._word_array = np.array(self.words, dtype=object)
-        ranks = np.arange(1, config.distractor_words + 1, dtype=np.float64)
-        frequencies = ranks ** (-config.zipf_exponent)
-        self._distractor_cdf = np.cumsum(frequencies / frequencies.sum())
+        rng = np.random.default_rng(config.seed)
+        super().__init__(sizes, lambda count: _spell_words(count, rng), config.zipf_exponent)
 
     @property
     def finish_word(self) -> str:
         return self.words[self.start["finish"]]
 
-    def distractors(self, count: int, rng: np.random.Generator) -> IntArray:
-        ranks = np.searchsorted(self._distractor_cdf, rng.random(count), side="right")
-        # Guard the float round-off at the top of the CDF.
-        return np.minimum(ranks, self.config.distractor_words - 1).astype(np.int64)
-
     def graded(self, word_class: str, logits: FloatArray, rng: np.random.Generator) -> IntArray:
-        """Words of a graded class for latent logits, one word per entry.
-
-        level = clip(round((logit + level_noise·ε + span) / (2·span) · (levels − 1)), 0, levels − 1),
-        ε ~ N(0, 1); the word is a uniformly chosen synonym of that level.
-        """
-        levels = self.config.levels
-        span = self.text.level_span
-        noisy = logits + self.text.level_noise * rng.standard_normal(logits.shape[0])
-        level = np.clip(np.rint((noisy + span) / (2 * span) * (levels - 1)), 0, levels - 1).astype(np.int64)
-        synonym = rng.integers(0, self.config.words_per_level, logits.shape[0])
-        return self.start[word_class] + level * self.config.words_per_level + synonym
+        """Words of a graded class for latent logits, one word per entry (`WordClasses.graded_words` with
+        the config's `levels`, `level_noise` and `level_span`)."""
+        return self.graded_words(
+            word_class, logits, self.config.levels, self.text.level_noise, self.text.level_span, rng
+        )
 
     def directional(self, progressed: BoolArray, rng: np.random.Generator) -> IntArray:
         """Progress words where `progressed`, setback words elsewhere; each flips with `observation_flip`."""
@@ -115,27 +94,4 @@ class Vocabulary:
 
     def plain(self, lengths: IntArray, rng: np.random.Generator) -> list[str]:
         """One text of distractors only per owner, `lengths[i]` words long."""
-        return self._join(self.distractors(int(lengths.sum()), rng), lengths)
-
-    def segments(
-        self,
-        lengths: IntArray,
-        signal_rate: FloatArray,
-        signal_words: Callable[[IntArray], IntArray],
-        rng: np.random.Generator,
-    ) -> list[str]:
-        """One text per owner: `lengths[i]` words, each a signal word with probability `signal_rate[i]`.
-
-        `signal_words(owners)` returns one signal word id per owner index it is given, so signal positions
-        are interleaved with distractors rather than grouped.
-        """
-        owners = np.repeat(np.arange(lengths.shape[0]), lengths)
-        ids = self.distractors(owners.shape[0], rng)
-        is_signal = rng.random(owners.shape[0]) < signal_rate[owners]
-        ids[is_signal] = signal_words(owners[is_signal])
-        return self._join(ids, lengths)
-
-    def _join(self, ids: IntArray, lengths: IntArray) -> list[str]:
-        words: list[str] = self._word_array[ids].tolist()
-        bounds = np.concatenate(([0], np.cumsum(lengths))).tolist()
-        return [" ".join(words[begin:end]) for begin, end in itertools.pairwise(bounds)]
+        return self.join(self.distractors(int(lengths.sum()), rng), lengths)
