@@ -78,6 +78,15 @@ class Settings(BaseSettings):
     )
     sweep_interval_seconds: float = Field(default=5.0, gt=0)
 
+    @field_validator("predictor_device")
+    @classmethod
+    def _usable_device(cls, value: str) -> str:
+        # Imported here: torch is only needed once a device is named, not for `--help`.
+        from trace_service.predictor.model import resolve_device
+
+        resolve_device(value)  # a ValueError names the problem (unknown, or CUDA without CUDA)
+        return value
+
     @field_validator("auth_tokens", mode="before")
     @classmethod
     def _split_tokens(cls, value: object) -> object:

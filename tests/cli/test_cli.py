@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from pydantic import ValidationError
 from support import LiveService, make_settings
 
@@ -136,6 +137,26 @@ def test_several_invalid_settings_are_named_on_one_line(
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("trace-rollout serve: error: invalid settings TRACE_LOG_FORMAT: ")
     assert "; TRACE_METRICS_PORT: Input should be less than or equal to 65535" in line
+
+
+@pytest.mark.parametrize(
+    ("device", "problem"), [("abacus", "unknown device"), ("cuda:0", "CUDA is not available")]
+)
+def test_an_unusable_predictor_device_stops_the_start_with_one_line(
+    device: str,
+    problem: str,
+    monkeypatch: pytest.MonkeyPatch,
+    no_server: list[dict[str, Any]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    if problem == "CUDA is not available" and torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    monkeypatch.setenv("TRACE_PREDICTOR_DEVICE", device)
+    assert cli.main(["serve"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("trace-rollout serve: error: invalid setting TRACE_PREDICTOR_DEVICE: ")
+    assert problem in line
+    assert no_server == []
 
 
 def test_a_setting_given_as_a_flag_is_named_by_its_flag() -> None:
