@@ -69,6 +69,7 @@ from bench.harness import (
 )
 from bench.harness import FinishedTree as ForestTree
 from bench.load import RedisProcess, ServiceProcess
+from bench.plotting import FIXED, line_colors
 from bench.protocol import add_family_arguments, chosen_families, protocol_line
 from trace_client import AsyncTraceClient
 from trace_client.adapters.sim import SimAgent, prompt_in
@@ -652,17 +653,12 @@ def plot(results: dict[str, dict[int, dict[str, Curve]]], out: Path) -> list[Pat
     out.mkdir(parents=True, exist_ok=True)
     for family, per_seed in results.items():
         figure, (by_turns, by_step) = plt.subplots(1, 2, figsize=(13, 5))
-        names = list(next(iter(per_seed.values())))
-        # uniform black, trace red, oracle purple; the others from the rest of tab10, then tab20's pale.
-        tab10, tab20 = plt.get_cmap("tab10").colors, plt.get_cmap("tab20").colors
-        others = iter([c for i, c in enumerate(tab10) if i not in (3, 4)] + list(tab20[1::2]))
-        fixed = {UNIFORM: "black", "trace": "tab:red", ORACLE: "tab:purple"}
-        for name in names:
-            color = fixed.get(name) or next(others)
+        colors = line_colors(list(next(iter(per_seed.values()))))
+        for name, color in colors.items():
             arm_curves = [curves[name] for curves in per_seed.values()]
             success = np.mean([curve.success for curve in arm_curves], axis=0)
             turns = np.mean([curve.turns for curve in arm_curves], axis=0)
-            style = {"color": color, "linewidth": 2.4 if name in fixed else 1.2}
+            style = {"color": color, "linewidth": 2.4 if name in FIXED else 1.2}
             by_turns.plot(turns, success, label=name, **style)
             by_step.plot(np.arange(success.size), success, label=name, **style)
         by_step.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -50,6 +50,7 @@ from bench.harness import (
     run_strategy,
 )
 from bench.learned import LearnedEstimator
+from bench.plotting import FIXED, line_colors
 from bench.protocol import add_family_arguments, chosen_families, protocol_line
 from trace_client.sim import FAMILIES, make_workload
 
@@ -296,18 +297,20 @@ def plot_ratios(results: Results, args: argparse.Namespace) -> Path:
     figure, grid = plt.subplots(1, len(families), figsize=(6 * len(families), 5), squeeze=False)
     steps = np.arange(args.warm_up + 1, args.steps + 1)
     for axes, family in zip(grid[0], families, strict=True):
+        colors = line_colors(list(results[family]))
         for name, per_seed in results[family].items():
             ratios = np.array([[r.effective_ratio for r in seed] for seed in per_seed])
             mean, spread = ratios.mean(axis=0), ratios.std(axis=0)
-            (line,) = axes.plot(
+            axes.plot(
                 steps,
                 mean,
                 label=name,
-                linewidth=2.2 if name in ("trace", "oracle") else 1.3,
+                color=colors[name],
+                linewidth=2.2 if name in FIXED else 1.3,
                 # DAPO allocates exactly like uniform: dash it so that both lines stay visible.
                 linestyle="--" if name == "dapo" else "-",
             )
-            axes.fill_between(steps, mean - spread, mean + spread, color=line.get_color(), alpha=0.12)
+            axes.fill_between(steps, mean - spread, mean + spread, color=colors[name], alpha=0.12)
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))
         axes.set_xlabel("training step")
         axes.set_ylabel("effective ratio (mixed / active groups)")
@@ -335,15 +338,16 @@ def plot_reliability(results: Results, args: argparse.Namespace) -> Path:
     figure, grid = plt.subplots(1, len(families), figsize=(5.5 * len(families), 5), squeeze=False)
     for axes, family in zip(grid[0], families, strict=True):
         axes.plot([0, 1], [0, 1], color="grey", linewidth=1, linestyle=":")
+        colors = line_colors(list(results[family]))
         for name, per_seed in results[family].items():
             predicted, true = root_pairs([r for seed in per_seed for r in seed])
             if name == "oracle" or not predicted.size:
                 continue  # the oracle sits on the diagonal
             rows = reliability_bins(predicted, true)
-            (line,) = axes.plot([r[0] for r in rows], [r[1] for r in rows], marker="o", label=name)
+            axes.plot([r[0] for r in rows], [r[1] for r in rows], marker="o", label=name, color=colors[name])
             if name == "trace":
                 for mean_true, mean_predicted, count in rows:
-                    axes.annotate(str(count), (mean_true, mean_predicted), fontsize=7, color=line.get_color(),
+                    axes.annotate(str(count), (mean_true, mean_predicted), fontsize=7, color=colors[name],
                                   xytext=(3, -9), textcoords="offset points")  # fmt: skip
         axes.set_xlabel("true success at the root (bin mean)")
         axes.set_ylabel("predicted Ṽ (bin mean)")
