@@ -45,7 +45,22 @@ from trace_proto import (
 from trace_proto.v1.limits import DEFAULT_CLAIM
 
 
-class TraceClient:
+class _Options:
+    """What both clients share: the call core and whether they own their HTTP client."""
+
+    _core: ClientCore
+    _owns_http: bool
+
+    def with_options(self, *, timeout: TimeoutOption | None = None, max_retries: int | None = None) -> Self:
+        """This client with another default timeout or retry count (None: keep), sending through the
+        same connections, as openai-python's `with_options`; closing the copy leaves them open."""
+        changed = copy.copy(self)
+        changed._core = self._core.with_options(timeout=timeout, max_retries=max_retries)
+        changed._owns_http = False
+        return changed
+
+
+class TraceClient(_Options):
     """Blocking client of the trace-rollout v1 API.
 
     Args:
@@ -148,14 +163,6 @@ class TraceClient:
         """`GET /readyz`: a "not ready" answer (503) is returned, not raised or retried."""
         return self._send(_core.ready_call(), timeout)
 
-    def with_options(self, *, timeout: TimeoutOption | None = None, max_retries: int | None = None) -> Self:
-        """This client with another default timeout or retry count (None: keep), sending through the
-        same connections, as openai-python's `with_options`; closing the copy leaves them open."""
-        changed = copy.copy(self)
-        changed._core = self._core.with_options(timeout=timeout, max_retries=max_retries)
-        changed._owns_http = False
-        return changed
-
     def close(self) -> None:
         """Close the HTTP client if this object made it."""
         if self._owns_http:
@@ -187,7 +194,7 @@ class TraceClient:
             attempt += 1
 
 
-class AsyncTraceClient:
+class AsyncTraceClient(_Options):
     """Asyncio client of the trace-rollout v1 API; the same calls as `TraceClient`, awaited.
 
     Arguments as for `TraceClient`, with an `httpx.AsyncClient`, an `httpx.AsyncBaseTransport` and
@@ -270,14 +277,6 @@ class AsyncTraceClient:
     async def ready(self, *, timeout: TimeoutOption | None = None) -> Ready:
         """`GET /readyz`: a "not ready" answer (503) is returned, not raised or retried."""
         return await self._send(_core.ready_call(), timeout)
-
-    def with_options(self, *, timeout: TimeoutOption | None = None, max_retries: int | None = None) -> Self:
-        """This client with another default timeout or retry count (None: keep), sending through the
-        same connections, as openai-python's `with_options`; closing the copy leaves them open."""
-        changed = copy.copy(self)
-        changed._core = self._core.with_options(timeout=timeout, max_retries=max_retries)
-        changed._owns_http = False
-        return changed
 
     async def aclose(self) -> None:
         """Close the HTTP client if this object made it."""
