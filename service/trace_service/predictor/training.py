@@ -9,6 +9,15 @@ is its reward) and the weight n_y. The loss is the weighted mean squared error
 because V̂(y) averages n_y Bernoulli outcomes, its variance is V(1 − V)/n_y, and weighting each squared
 error by the inverse of its noise variance (∝ n_y) is the efficient choice.
 
+The network reads no outcome history; it learns the prior mean μ(H) from what histories carry. A
+prompt's own outcomes (s successes in n earlier bare rollouts) enter at prediction time by the exact
+conjugate update of Beta(κμ, κ(1 − μ)) at the root, (κ·m + s) / (κ + n), and a prefix inherits its
+root's change of log-odds (:meth:`SuccessPredictor._predict_with`). After every training round the
+calibration (:class:`Calibration`) fits κ by marginal likelihood to the groups of bare rollouts of
+finished trees (:class:`RootGroup`; held-out ones once there are enough, else all), for two sources of
+the root prior mean m: the network's μ(x), and one constant for every prompt (the pooled bare success
+rate: the history-only posterior). The source with the higher mean log-likelihood per group is served.
+
 Replay buffer: FIFO of the most recent ``replay_capacity`` training examples. FIFO rather than a
 reservoir because the policy being trained drifts, so old targets describe an older policy. Each new
 example allows ``replay_ratio`` minibatch samples; training beyond that would only memorise the buffer. Every
@@ -239,7 +248,7 @@ PriorSource = Literal["network", "history"]
 
 @dataclass(frozen=True, slots=True)
 class Calibration:
-    """How a prompt's outcome history is combined with the prior (see the module docstring).
+    """How a prompt's outcome history is combined with the prior (the module docstring has the rule).
 
     ``prior`` is the source of the root prior mean: the network's μ(x), or one constant
     ``history_mean`` for every prompt (the history-only posterior); ``concentration`` is its κ.
