@@ -2,7 +2,7 @@
 
 What every trainer adapter shares. A tree's path from the prompt to a scored leaf is one trajectory; its
 response is the concatenation of the path's turns, and every token of turn y carries the service's
-advantage of that turn segment (method.md, "What trees give the trainer"):
+advantage of that turn segment (docs/allocation.md, "What a tree gives the trainer"):
 
     A(y) = (V̂(y) − V̂(parent(y))) + (V̂(y) − V̂(root)).
 

@@ -47,7 +47,10 @@ class TreeNode(ResponseModel):
     )
     advantage: Real | None = Field(
         default=None,
-        description="The advantage method.md defines (“What trees give the trainer”); null while undefined.",
+        description=(
+            "A(y) = (V̂(y) − V̂(parent)) + (V̂(y) − V̂(root)), the advantage of the turn segment ending "
+            "here (docs/allocation.md, “What a tree gives the trainer”); null while undefined."
+        ),
     )
     reward: Real | None = Field(
         default=None, description="The reward as reported, on leaves; null elsewhere."

@@ -1,5 +1,5 @@
 """Baseline allocation rules behind the same array interface as TRACE, so that the service and the
-benchmarks can A/B them on the same infrastructure (method.md, "Neighbouring methods").
+benchmarks can A/B them on the same infrastructure (docs/allocation.md, "Policies").
 
 Root rules return int64 rollout counts per prompt (0 = skip) whose sum never exceeds the budget;
 branching rules return continuations per candidate prefix.  TRACE itself is
