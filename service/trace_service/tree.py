@@ -12,7 +12,7 @@ the success rate of the scored leaves below y.  Unscored branches have no visits
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -194,10 +194,8 @@ class FreshnessEstimate:
         return min(max(ratio, 0.0), 1.0)
 
     def add(self, flips: float, fresh_flips: float) -> FreshnessEstimate:
-        return FreshnessEstimate(
-            self.flips * self.decay + flips,
-            self.fresh_flips * self.decay + fresh_flips,
-            self.prior,
-            self.prior_weight,
-            self.decay,
+        return replace(
+            self,
+            flips=self.flips * self.decay + flips,
+            fresh_flips=self.fresh_flips * self.decay + fresh_flips,
         )

@@ -92,9 +92,7 @@ def root_value(
     """``V_root(v, m) = 1 − z₁^m − z₀^m`` for m ≥ 1 and 0 for m = 0 (:func:`repeat_odds`); with the
     defaults, ``1 − v^m − (1 − v)^m``: P(m Bernoulli(v) draws are mixed)."""
     z_success, z_failure = repeat_odds(v, expansion=expansion, freshness=freshness)
-    m_arr = np.asarray(m, dtype=np.float64)
-    value = 1.0 - z_success**m_arr - z_failure**m_arr
-    return np.where(m_arr > 0, np.maximum(value, 0.0), 0.0)
+    return _curve(z_success, z_failure, np.asarray(m, dtype=np.float64))
 
 
 def _smallest_group(min_rollouts: int) -> int:
@@ -237,7 +235,7 @@ def allocate_roots(
     return RootAllocation(counts, value_of(slice(None), counts), budget - int(counts.sum()))
 
 
-def _curve(z_success: FloatArray, z_failure: FloatArray, m: IntArray) -> FloatArray:
+def _curve(z_success: FloatArray, z_failure: FloatArray, m: npt.NDArray[np.float64 | np.int64]) -> FloatArray:
     """``1 − z₁^m − z₀^m`` for m ≥ 1, 0 for m = 0 (the root value in terms of the repeat odds)."""
     value = 1.0 - z_success**m - z_failure**m
     return np.where(m > 0, np.maximum(value, 0.0), 0.0)

@@ -457,20 +457,27 @@ class SuccessPredictor:
                 raise ValueError(f"predict takes Query values, got {type(query).__name__}")
             self.featurizer.check_compatible(query.history)
         calibration = published.calibration
-        prior = self._prior_means(published, [query.history for query in queries])
-        # The network's μ(x) of each prompt some prefix query needs, one forward pass for all of them.
-        roots: dict[str, EncodedHistory] = {}
+        # The prompt alone of every prefix query: one row per distinct prompt encoding (the nodes of a
+        # tree share theirs), scored in the same forward pass as the queries.
+        root_row: dict[int, int] = {}
+        roots: list[EncodedHistory] = []
         for query in queries:
             if query.history.depth:
-                roots.setdefault(query.history.prompt_id, query.history.root())
-        root_prior = dict(zip(roots, self._prior_means(published, list(roots.values())), strict=True))
+                row = root_row.setdefault(id(query.history.prompt_tokens), len(queries) + len(roots))
+                if row == len(queries) + len(roots):
+                    roots.append(query.history.root())
+        scored = self._prior_means(published, [query.history for query in queries] + roots)
+        prior = scored[: len(queries)]
+        network_root = np.array(
+            [
+                scored[root_row[id(q.history.prompt_tokens)]] if q.history.depth else prior[i]
+                for i, q in enumerate(queries)
+            ],
+            dtype=np.float64,
+        )
         successes = np.array([query.outcomes.successes for query in queries], dtype=np.float64)
         trials = np.array([query.outcomes.trials for query in queries], dtype=np.float64)
         depth = np.array([query.history.depth for query in queries], dtype=np.int64)
-        network_root = np.array(
-            [root_prior[q.history.prompt_id] if q.history.depth else prior[i] for i, q in enumerate(queries)],
-            dtype=np.float64,
-        )
         root_mean = (
             network_root
             if calibration.prior == "network"
