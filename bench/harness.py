@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -321,21 +321,26 @@ class _Forest:
             self.bare_trials[tree] += 1
             self.bare_successes[tree] += int(trajectory[-1].reward == 1.0)
 
+    def _local_trees(self) -> Iterator[tuple[int, list[int], list[int]]]:
+        """Each started tree: (tree, its global node indices in order, their parents as local indices)."""
+        tree_of = np.asarray(self.tree_of, dtype=np.int64)
+        for tree in range(len(self.prompts)):
+            nodes = np.flatnonzero(tree_of == tree).tolist()
+            if nodes:
+                local = {node: i for i, node in enumerate(nodes)}
+                yield tree, nodes, [local.get(self.parent[node], ROOT) for node in nodes]
+
     def finished_trees(self, history: dict[str, PromptRecord]) -> list[FinishedTree]:
         """Each started tree with local parent indices (before `history` takes this step's outcomes)."""
         trees = []
-        tree_of = np.asarray(self.tree_of, dtype=np.int64)
-        for tree, prompt in enumerate(self.prompts):
-            nodes = np.flatnonzero(tree_of == tree).tolist()
-            if not nodes:
-                continue
-            local = {node: i for i, node in enumerate(nodes)}
+        for tree, nodes, parent in self._local_trees():
+            prompt = self.prompts[tree]
             record = history.get(prompt.prompt_id, PromptRecord())
             trees.append(
                 FinishedTree(
                     prompt=prompt,
                     states=[self.states[node] for node in nodes],
-                    parent=[local.get(self.parent[node], ROOT) for node in nodes],
+                    parent=parent,
                     reward=[self.reward[node] for node in nodes],
                     successes=record.successes,
                     trials=record.trials,
@@ -348,15 +353,9 @@ class _Forest:
     def continuation_flips(self, predicted_root: Sequence[float]) -> tuple[int, float]:
         """Continuation flips over all trees, against fresh rollouts' (`continuation_flips`)."""
         flips, fresh = 0, 0.0
-        tree_of = np.asarray(self.tree_of, dtype=np.int64)
-        for tree in range(len(self.prompts)):
-            nodes = np.flatnonzero(tree_of == tree)
-            if not nodes.size:
-                continue
-            local = {int(node): i for i, node in enumerate(nodes.tolist())}
-            parent = [local.get(self.parent[node], ROOT) for node in nodes.tolist()]
-            reward = [self.reward[node] for node in nodes.tolist()]
-            bare = [self.bare[node] for node in nodes.tolist()]
+        for tree, nodes, parent in self._local_trees():
+            reward = [self.reward[node] for node in nodes]
+            bare = [self.bare[node] for node in nodes]
             tree_flips, tree_fresh = continuation_flips(parent, reward, bare, float(predicted_root[tree]))
             flips, fresh = flips + tree_flips, fresh + tree_fresh
         return flips, fresh
