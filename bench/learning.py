@@ -760,7 +760,7 @@ def main(argv: list[str] | None = None) -> None:
                     print_seed_table(family, seed, curves)
         finally:
             redis.stop()
-    total = args.budget + math.floor(args.budget * args.expansion)
+    total = next(arm.budget for arm in args.arm_list if arm.name == UNIFORM)
     print(
         f"\nLearning: {args.seeds} seeds × {args.steps} steps, pool B = {args.pool} of {args.prompts} tasks; "
         f"uniform {total} bare "
