@@ -66,8 +66,8 @@ def test_roots_get_the_conjugate_update_and_prefixes_inherit_its_odds(synthetic_
     root_value, prefix_value = predictor.predict([Query(root, history), Query(prefix, history)])
     assert root_value == pytest.approx((kappa * prior_mean + 1) / (kappa + 7))
     # Without history a prefix is the network's μ(H); with it, the root's log-odds move carries over.
-    raw_root = predictor._prior_means(predictor._published, [root])[0]
-    raw_prefix = predictor._prior_means(predictor._published, [prefix])[0]
+    raw_root = predictor._prior_means(predictor._published.model, [root])[0]
+    raw_prefix = predictor._prior_means(predictor._published.model, [prefix])[0]
     assert network_prefix == pytest.approx(sigmoid(logit(raw_prefix) - logit(raw_root) + logit(prior_mean)))
     assert prefix_value == pytest.approx(sigmoid(logit(raw_prefix) - logit(raw_root) + logit(root_value)))
 

@@ -61,6 +61,24 @@ def posterior_mean(
     return np.asarray((concentration * mu + s) / (concentration + n), dtype=np.float64)
 
 
+def group_log_likelihood(
+    prior_mean: npt.ArrayLike,
+    concentration: float,
+    successes: npt.ArrayLike,
+    trials: npt.ArrayLike,
+    earlier_successes: npt.ArrayLike,
+    earlier_trials: npt.ArrayLike,
+) -> FloatArray:
+    """Each group's ``log P(s | n, κμ + s₀, κ(1 − μ) + n₀ − s₀)``: its likelihood under the posterior of
+    its prompt's earlier outcomes."""
+    mu = np.clip(np.asarray(prior_mean, dtype=np.float64), _MEAN_EPSILON, 1.0 - _MEAN_EPSILON)
+    s0 = np.asarray(earlier_successes, dtype=np.float64)
+    n0 = np.asarray(earlier_trials, dtype=np.float64)
+    a = concentration * mu + s0
+    b = concentration * (1.0 - mu) + n0 - s0
+    return beta_binomial_log_likelihood(successes, trials, a, b)
+
+
 def fit_concentration(
     prior_mean: npt.ArrayLike,
     successes: npt.ArrayLike,
@@ -90,9 +108,7 @@ def fit_concentration(
         return math.exp((low + high) / 2.0)
 
     def log_likelihood(log_kappa: float) -> float:
-        kappa = math.exp(log_kappa)
-        a, b = kappa * mu + s0, kappa * (1.0 - mu) + n0 - s0
-        return float(beta_binomial_log_likelihood(s, n, a, b).sum())
+        return float(group_log_likelihood(mu, math.exp(log_kappa), s, n, s0, n0).sum())
 
     left, right = high - _GOLDEN * (high - low), low + _GOLDEN * (high - low)
     left_value, right_value = log_likelihood(left), log_likelihood(right)

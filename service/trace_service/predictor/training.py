@@ -52,11 +52,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from trace_service.predictor.calibration import (
-    beta_binomial_log_likelihood,
-    fit_concentration,
-    posterior_mean,
-)
+from trace_service.predictor.calibration import fit_concentration, group_log_likelihood, posterior_mean
 from trace_service.predictor.checkpoint import CheckpointError, decode_checkpoint, encode_checkpoint
 from trace_service.predictor.diagnostics import (
     PredictorDiagnostics,
@@ -466,7 +462,7 @@ class SuccessPredictor:
                 row = root_row.setdefault(id(query.history.prompt_tokens), len(queries) + len(roots))
                 if row == len(queries) + len(roots):
                     roots.append(query.history.root())
-        scored = self._prior_means(published, [query.history for query in queries] + roots)
+        scored = self._prior_means(published.model, [query.history for query in queries] + roots)
         prior = scored[: len(queries)]
         network_root = np.array(
             [
@@ -488,15 +484,15 @@ class SuccessPredictor:
         return np.where(depth == 0, root, shifted)
 
     def _prior_means(
-        self, published: _Published, histories: Sequence[EncodedHistory]
+        self, model: SuccessModel | None, histories: Sequence[EncodedHistory]
     ) -> npt.NDArray[np.float64]:
         """The network's μ(H) (μ₀ before the first training round), in inference batches."""
-        if published.model is None:
+        if model is None:
             return np.full(len(histories), self._cold_mean)
         queries = [Query(history) for history in histories]
         step = self.config.inference_batch_size
         chunks = [
-            published.model.predict(self._collate(queries[start : start + step]))
+            model.predict(self._collate(queries[start : start + step]))
             for start in range(0, len(queries), step)
         ]
         return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float64)
@@ -578,8 +574,8 @@ class SuccessPredictor:
                 total_loss += loss.detach()
             version = self._published.version + 1
             self._average_model.set_dense_standardisation(mean, std)
-            published = _Published(version, self._frozen_copy(self._average_model), self._cold_calibration())
-            self._published = _Published(version, published.model, self._fit_calibration(published))
+            model = self._frozen_copy(self._average_model)
+            self._published = _Published(version, model, self._fit_calibration(model))
             return TrainRoundResult(
                 version,
                 steps=steps,
@@ -775,7 +771,7 @@ class SuccessPredictor:
             history_mean=self._cold_mean,
         )
 
-    def _fit_calibration(self, published: _Published) -> Calibration:
+    def _fit_calibration(self, model: SuccessModel) -> Calibration:
         """Fit κ for each prior source by marginal likelihood and keep the better source (prequential:
         on held-out groups once there are enough, which the network never trained on)."""
         with self._data_lock:
@@ -793,15 +789,14 @@ class SuccessPredictor:
             sum(g.trials for g in pooled) + self.config.prior_successes + self.config.prior_failures
         )
         means: dict[PriorSource, npt.NDArray[np.float64]] = {
-            "network": self._prior_means(published, [group.root for group in groups]),
+            "network": self._prior_means(model, [group.root for group in groups]),
             "history": np.full(len(groups), history_mean),
         }
         fitted: dict[PriorSource, tuple[float, float]] = {}
         for source, mean in means.items():
             kappa = fit_concentration(mean, successes, trials, earlier, earlier_trials)
-            a = kappa * mean + earlier
-            b = kappa * (1.0 - mean) + earlier_trials - earlier
-            fitted[source] = (kappa, float(beta_binomial_log_likelihood(successes, trials, a, b).mean()))
+            scores = group_log_likelihood(mean, kappa, successes, trials, earlier, earlier_trials)
+            fitted[source] = (kappa, float(scores.mean()))
         best: PriorSource = "network" if fitted["network"][1] >= fitted["history"][1] else "history"
         return Calibration(
             concentration=fitted[best][0],
