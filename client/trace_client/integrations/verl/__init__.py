@@ -39,7 +39,6 @@ import hashlib
 import inspect
 import json
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from importlib import resources
@@ -102,7 +101,7 @@ class TraceSettings:
 
     Args:
         url: The trace-rollout service.
-        token: Its bearer token, if it needs one (else the `TRACE_TOKEN` environment variable).
+        token: Its bearer token, if it needs one (else the client reads `TRACE_TOKEN`).
         job: The service's job name (default: `trainer.experiment_name`, made a valid job name).
         budget: Bare rollouts per step (default: `data.train_batch_size × rollout.n`, GRPO's count).
         expansion: Stage 2 continuations per bare rollout a prompt may branch.
@@ -165,9 +164,6 @@ class TraceSettings:
         return DriverConfig(
             concurrency=self.concurrency, max_turns=self.max_turns, step_timeout=self.tree_timeout
         )
-
-    def service_token(self) -> str | None:
-        return self.token or os.environ.get("TRACE_TOKEN")
 
 
 def agent_loops_file() -> str:
@@ -311,7 +307,7 @@ class TraceAgentLoopManager(AgentLoopManagerTQ):
                 agent.agent_loop_config_path = agent_loops_file()
         super().__init__(config, *args, **kwargs)
         settings = TraceSettings.from_config(config)
-        self.trace_client = TraceClient(settings.url, token=settings.service_token())
+        self.trace_client = TraceClient(settings.url, token=settings.token or None)
 
     def generate_sequences(self, prompts: TensorDict) -> None:
         if "validate" not in prompts or not _plain(prompts["validate"]):
@@ -424,7 +420,7 @@ class _Trees:
     def _driver(self, loop: TraceAgentLoop) -> RolloutDriver:
         if self.driver is None:
             settings = loop.trace_settings
-            client = AsyncTraceClient(settings.url, token=settings.service_token())
+            client = AsyncTraceClient(settings.url, token=settings.token or None)
             self.driver = RolloutDriver(
                 client, self._next_turn, score=self._score, config=settings.driver_config()
             )
