@@ -72,7 +72,7 @@ def test_roots_get_the_conjugate_update_and_prefixes_inherit_its_odds(synthetic_
     assert prefix_value == pytest.approx(sigmoid(logit(raw_prefix) - logit(raw_root) + logit(root_value)))
 
 
-def test_history_source_is_served_when_the_text_carries_nothing(synthetic_task: SyntheticTask) -> None:
+def test_the_prior_source_that_explains_the_groups_better_is_served(synthetic_task: SyntheticTask) -> None:
     noise = trained(synthetic_task, informative_text=False)
     signal = trained(synthetic_task, informative_text=True)
     assert signal.calibration.prior == "network"
