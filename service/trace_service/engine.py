@@ -53,6 +53,7 @@ from trace_service.predictor import OutcomeCounts, Query, Turn
 from trace_service.runtime import PredictorRuntime
 from trace_service.settings import Settings
 from trace_service.store import (
+    AllocationCounts,
     AppliedBatch,
     NewTree,
     PromptOutcomes,
@@ -626,18 +627,24 @@ class Engine:
         steps = await self.store.steps(job, self.settings.stats_steps)
         if not steps:
             raise NotFoundError(f"unknown job {job!r}")
-        summaries = [await self._step_stats(job, step) for step in steps]
+        # Each hash once for every step; the sums before any step's trees (see _step_stats).
+        allocations = await self.store.step_allocations(job)
+        totals = await self.store.step_totals(job)
+        summaries = [
+            await self._step_stats(job, step, allocations.get(step, []), totals.get(step, {}))
+            for step in steps
+        ]
         ratio = summaries[-1].effective_ratio
         if ratio is not None and (label := self.metrics.job_label(job)) != OTHER_JOBS:
             self.metrics.effective_ratio.labels(label).set(ratio)
         return JobStats(job=job, steps=summaries)
 
-    async def _step_stats(self, job: str, step: int) -> StepStats:
+    async def _step_stats(
+        self, job: str, step: int, allocations: list[AllocationCounts], totals: dict[str, int]
+    ) -> StepStats:
         """A step's figures: the sums kept for its counted trees (they outlive the trees) plus what its
-        other trees hold now.  The sums are read first: a tree counted in between is missed by this
+        other trees hold now.  The sums were read first: a tree counted in between is missed by this
         answer (and counted in the next), never counted twice."""
-        allocations = await self.store.step_allocations(job, step)
-        totals = await self.store.step_totals(job, step)
         tree_ids = await self.store.step_tree_ids(job, step)
         # A step allocated before the service kept per-step figures: what its trees still hold.
         legacy = any(allocation.trees is None for allocation in allocations)

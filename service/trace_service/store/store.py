@@ -253,22 +253,22 @@ class TreeStore:
             await self._run("record_outcome", keys, [*args, *(x for f in figures.items() for x in f)])
         )
 
-    async def step_allocations(self, job: str, step: int) -> list[AllocationCounts]:
-        """The counts of each allocation made at a step."""
+    async def step_allocations(self, job: str) -> dict[int, list[AllocationCounts]]:
+        """The counts of each allocation made, by step."""
         raw = _decoded(await self.redis.hgetall(self.keys.steps_info(job)))
-        return [
-            AllocationCounts.parse(value)
-            for field, value in raw.items()
-            if field.split(":", 1)[0] == str(step)
-        ]
+        by_step: dict[int, list[AllocationCounts]] = {}
+        for field, value in raw.items():
+            by_step.setdefault(int(field.split(":", 1)[0]), []).append(AllocationCounts.parse(value))
+        return by_step
 
-    async def step_totals(self, job: str, step: int) -> dict[str, int]:
-        """The sums over a step's counted trees, by figure (absent: 0)."""
+    async def step_totals(self, job: str) -> dict[int, dict[str, int]]:
+        """The sums over each step's counted trees, by step and figure (absent: 0)."""
         raw = _decoded(await self.redis.hgetall(self.keys.step_totals(job)))
-        prefix = f"{step}:"
-        return {
-            field.removeprefix(prefix): int(value) for field, value in raw.items() if field.startswith(prefix)
-        }
+        by_step: dict[int, dict[str, int]] = {}
+        for field, value in raw.items():
+            step, _, figure = field.partition(":")
+            by_step.setdefault(int(step), {})[figure] = int(value)
+        return by_step
 
     async def uncounted(self, job: str, tree_ids: Sequence[str]) -> list[str]:
         """The trees among ``tree_ids`` not yet counted (see :meth:`record_prompt_outcome`)."""
