@@ -241,7 +241,8 @@ def print_regret(family: str, results: dict[str, list[list[StepResult]]]) -> Non
     print(f"Regret decomposition ({family}; stage-1 value and bare on extremes: mean ± std over seeds):")
     header = (
         f"{'strategy':<13} {'stage-1 value':>15} {'bare on extremes':>17} {'flips/cont.':>12}"
-        f" {'of oracle':>10} {'Ṽ at true p<0.02 (n)':>22} {'Ṽ at true p>0.98 (n)':>22}"
+        f" {'of oracle':>10} {f'Ṽ at true p<{CALIBRATION_EXTREME:g} (n)':>22}"
+        f" {f'Ṽ at true p>{1 - CALIBRATION_EXTREME:g} (n)':>22}"
     )
     print(header)
     print("-" * len(header))
