@@ -76,6 +76,7 @@ from trace_client.adapters.sim import SimAgent, prompt_in
 from trace_client.driver import DriverConfig, FinishedTree, RolloutDriver
 from trace_client.sim import FAMILIES, Prompt, RolloutState, make_workload
 from trace_client.sim.base import PolicyWorkload
+from trace_client.sim.tabular import softmax_rows as softmax  # π_θ(· | c) row by row
 from trace_proto import AllocateRequest, Policy
 from trace_service.tree import FreshnessEstimate, advantages, tree_targets
 
@@ -104,12 +105,6 @@ SERVICE_SETTINGS = {
 
 
 # --- the learner ---------------------------------------------------------------------------------------
-
-
-def softmax(theta: FloatArray) -> FloatArray:
-    """π_θ(· | c) = softmax(θ[c]) row by row."""
-    shifted = np.exp(theta - theta.max(axis=-1, keepdims=True))
-    return np.asarray(shifted / shifted.sum(axis=-1, keepdims=True), dtype=np.float64)
 
 
 @dataclass(frozen=True)
