@@ -303,7 +303,8 @@ class Metrics:
         """The ``training_job`` value for ``job``: itself while tracked (at most ``max_jobs`` at a time),
         else ``_other``.  A job idle for ``job_idle_seconds`` is forgotten and its series dropped."""
         now = self._clock()
-        for idle, seen in list(self._last_seen.items()):
+        while self._last_seen:
+            idle, seen = next(iter(self._last_seen.items()))  # the least recently seen
             if now - seen <= self._job_idle_seconds:
                 break  # the rest were seen more recently
             del self._last_seen[idle]
