@@ -168,6 +168,8 @@ def create_app(settings: Settings | None = None, *, store: TreeStore | None = No
 
 def reject_unknown_query(request: Request) -> None:
     """A query parameter the route does not take is an error (a typo must not fall back to a default)."""
+    if not request.query_params:  # most requests: nothing to check
+        return
     route = request.scope.get("route")
     known = _query_names(route.dependant) if isinstance(route, APIRoute) else set()
     unknown = sorted(set(request.query_params) - known)
