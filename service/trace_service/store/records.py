@@ -242,10 +242,9 @@ class StoredTree:
 
     def bare_outcomes(self, success_threshold: float) -> tuple[int, int]:
         """Successes and scored leaves of the bare rollouts (not the continuations)."""
-        leaves = [node for node in self.nodes if not node.origin and node.done and node.reward is not None]
-        return sum(node.reward >= success_threshold for node in leaves if node.reward is not None), len(
-            leaves
-        )
+        bare = (node.reward for node in self.nodes if not node.origin and node.done)
+        rewards = [reward for reward in bare if reward is not None]
+        return sum(reward >= success_threshold for reward in rewards), len(rewards)
 
     def continuation_flips(self, success_threshold: float) -> tuple[int, float]:
         """The continuations' flips against fresh rollouts' (``trace_service.tree.continuation_flips``)."""
