@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import asyncio
 import re
 
 import pydantic_core
@@ -11,7 +10,7 @@ from trace_proto import ExpandEvent, ExpandRequest, ExpandResponse, Instructions
 from trace_proto.v1 import limits, paths
 from trace_proto.v1.common import JobName
 from trace_service.deps import EngineDep
-from trace_service.routers.body import INLINE_BODY_BYTES, documented
+from trace_service.routers.body import documented, parsed
 from trace_service.routers.responses import ERRORS
 
 router = APIRouter(tags=["expansion"])
@@ -112,13 +111,9 @@ async def expand(request: Request, engine: EngineDep) -> ExpandResponse:
     Events are validated and applied one by one (a tree's events in order): a bad event is listed in
     `rejected` with its reason and never stops the others. Duplicated event ids are acknowledged.
     """
-    body = await request.body()
     # Validating a large body (and, if it fails as a whole, each of its events) takes tens of
     # milliseconds: beside the event loop, not on it.
-    if len(body) > INLINE_BODY_BYTES:
-        events, rejected = await asyncio.to_thread(parse_events, body)
-    else:
-        events, rejected = parse_events(body)
+    events, rejected = await parsed(await request.body(), parse_events)
     response = await engine.expand(events) if events else ExpandResponse(accepted=0, duplicates=0)
     if not rejected:
         return response
