@@ -429,7 +429,8 @@ def run_step(
 ) -> StepResult:
     """Run one step of `strategy` on `pool`; update `history` (and the workload when `learn`).
     `freshness` is the ρ of the joint Stage 1 objective (learned from earlier steps' trees)."""
-    counts, predicted = _root_counts(workload, strategy, pool, history, config, rng, freshness)
+    rho = _freshness_used(strategy, freshness)
+    counts, predicted = _root_counts(workload, strategy, pool, history, config, rng, rho)
     true_p = workload.true_success_many([prompt.prompt_id for prompt in pool])
     ledger = _Ledger(config.turn_budget if config.unit is BudgetUnit.turns else None)
     chosen = np.flatnonzero(counts).tolist()
@@ -448,7 +449,6 @@ def run_step(
     )
     started_counts = np.zeros(len(pool), dtype=np.int64)
     started_counts[chosen] = forest.bare_trials
-    rho = _freshness_used(strategy, freshness)
     stage1_oracle = _stage1_counts(true_p, _root_budget(strategy, config), config, rho)
     extreme = (true_p < EXTREME_SUCCESS) | (true_p > 1.0 - EXTREME_SUCCESS)
     root_prediction = np.full(len(pool), 0.5) if predicted is None else predicted
@@ -564,7 +564,8 @@ def _root_counts(
     rng: np.random.Generator,
     freshness: float,
 ) -> tuple[IntArray, FloatArray | None]:
-    """Bare rollouts per pool prompt, and the estimator's predictions at the roots when it was asked."""
+    """Bare rollouts per pool prompt, and the estimator's predictions at the roots when it was asked;
+    `freshness` is the ρ TRACE Stage 1 allocates with (`_freshness_used`)."""
     budget = _root_budget(strategy, config)
     size = config.group_size
     if strategy.roots in (Roots.uniform, Roots.greso):
@@ -593,7 +594,7 @@ def _root_counts(
     v = _estimate(strategy.estimator, roots)
     if strategy.roots is Roots.pcl:
         return pcl_roots(v, budget, rollouts_per_prompt=size), v
-    return _stage1_counts(v, budget, config, _freshness_used(strategy, freshness)), v
+    return _stage1_counts(v, budget, config, freshness), v
 
 
 def _run_bare(workload: Workload, forest: _Forest, ledger: _Ledger, rng: np.random.Generator) -> None:
