@@ -67,9 +67,17 @@ RELIABILITY_BINS = 10
 Results = dict[str, dict[str, list[list[StepResult]]]]
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults in the options' help; the epilog (the regret decomposition's columns) as laid out."""
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    doc = __doc__ or ""
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+        description=doc.split("\n\n")[0],
+        # the legend's "Regret decomposition: see --help" points here
+        epilog=doc[doc.index("Regret decomposition") :],
+        formatter_class=_HelpFormatter,
     )
     add_family_arguments(parser, "every registered family")
     parser.add_argument("--seeds", type=int, default=3, help="number of seeds (workloads) per strategy")
