@@ -154,8 +154,9 @@ class PredictorRuntime:
         ]
         if targets.root_visits:
             examples.append(TrainingExample(root, targets.root_value, float(targets.root_visits), outcomes))
-        successes, trials = tree.bare_outcomes(self.success_threshold)
-        return examples, RootGroup(root, successes, trials, outcomes) if trials else None
+        meta = tree.meta  # the store counts bare leaves and successes as it records them
+        group = RootGroup(root, meta.bare_successes, meta.bare_leaves, outcomes) if meta.bare_leaves else None
+        return examples, group
 
     @property
     def freshness(self) -> float:

@@ -240,12 +240,6 @@ class StoredTree:
         """Visits, successes and recursive values V̂ of every node (``trace_service.tree``)."""
         return tree_targets(self.parent_indices(), self.rewards(), success_threshold=success_threshold)
 
-    def bare_outcomes(self, success_threshold: float) -> tuple[int, int]:
-        """Successes and scored leaves of the bare rollouts (not the continuations)."""
-        bare = (node.reward for node in self.nodes if not node.origin and node.done)
-        rewards = [reward for reward in bare if reward is not None]
-        return sum(reward >= success_threshold for reward in rewards), len(rewards)
-
     def continuation_flips(self, success_threshold: float) -> tuple[int, float]:
         """The continuations' flips against fresh rollouts' (``trace_service.tree.continuation_flips``)."""
         return continuation_flips(
