@@ -31,7 +31,7 @@ from trace_client.driver import DriverConfig, RolloutDriver
 from trace_client.sim import SimWorkload
 from trace_proto import AllocateRequest, ExpandEvent, PromptIn, paths
 from trace_service.app import create_app
-from trace_service.demo import LocalService
+from trace_client.local import LocalService
 
 FAST_RETRIES = Backoff(initial_delay=0.01, max_delay=0.05)
 
