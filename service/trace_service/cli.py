@@ -100,7 +100,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from trace_client import TraceAPIError, TraceConnectionError
-    from trace_service import demo
+    from trace_client.demo import run as demo
 
     try:
         config = demo.config_from_arguments(args)
@@ -143,7 +143,7 @@ def _settings_epilog() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from trace_service.demo import add_arguments as add_demo_arguments
+    from trace_client.demo.run import add_arguments as add_demo_arguments
 
     parser = argparse.ArgumentParser(
         prog="trace-rollout",

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from support import LiveService, make_settings
 
+from trace_client.demo import run as demo
 from trace_proto import JobStats, Policy, PredictorInfo, StepStats
-from trace_service import cli, demo
+from trace_service import cli
 
 
 def test_a_tiny_demo_compares_both_policies_and_writes_its_files(tmp_path: Path) -> None:
