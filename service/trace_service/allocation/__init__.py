@@ -8,6 +8,14 @@ from trace_service.allocation.policies import (
     random_branching,
     uniform_roots,
 )
+from trace_service.allocation.registry import (
+    POLICIES,
+    Need,
+    PolicyRules,
+    PrefixInputs,
+    PrefixPlacement,
+    RootInputs,
+)
 from trace_service.allocation.stage1 import (
     RootAllocation,
     allocate_roots,
@@ -28,9 +36,15 @@ from trace_service.allocation.stats import EffectiveRatio, effective_ratio, mixe
 
 __all__ = [
     "DEFAULT_MIN_GAIN",
+    "POLICIES",
     "EffectiveRatio",
+    "Need",
+    "PolicyRules",
     "PrefixExpansion",
+    "PrefixInputs",
+    "PrefixPlacement",
     "RootAllocation",
+    "RootInputs",
     "allocate_roots",
     "allocate_roots_exact",
     "dapo_keep",
