@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from unittest.mock import patch
 
 import numpy as np
@@ -243,3 +244,145 @@ def test_joint_objective_prefers_breadth_to_a_third_rollout() -> None:
 def test_joint_objective_rejects_bad_knobs(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         allocate_roots([0.5, 0.4], 4, **kwargs)  # type: ignore[arg-type]
+
+
+# --- The predictive value: the expectation over the prompt's Beta belief --------------------------------
+
+mean = st.floats(0.001, 0.999)
+concentration = st.floats(0.05, 1000.0)
+
+
+def _beta_moment(a: float, b: float, k: int) -> float:
+    """E[p^k] for p ~ Beta(a, b), exactly: ∏_{j<k} (a + j) / (a + b + j)."""
+    return float(np.prod([(a + j) / (a + b + j) for j in range(k)]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(mean, concentration, st.integers(0, 31))
+def test_predictive_value_of_the_paper_is_exact_in_beta_moments(v: float, kappa: float, m: int) -> None:
+    a, b = kappa * v, kappa * (1 - v)
+    expected = 0.0 if m == 0 else 1 - _beta_moment(a, b, m) - _beta_moment(b, a, m)
+    assert root_value(v, m, concentration=kappa) == pytest.approx(expected, abs=1e-12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.floats(0.05, 0.95), st.floats(2.5, 300.0), st.integers(1, 64), st.floats(0.0, 3.0), st.floats(0.0, 1.0)
+)
+def test_predictive_joint_value_is_the_integral_over_the_beta(
+    v: float, kappa: float, m: int, expansion: float, freshness: float
+) -> None:
+    a, b = kappa * v, kappa * (1 - v)
+    if min(a, b) < 1.0:  # a bounded, smooth density for the midpoint rule
+        return
+    grid = (np.arange(200_000) + 0.5) / 200_000
+    log_density = (a - 1) * np.log(grid) + (b - 1) * np.log1p(-grid)
+    density = np.exp(log_density - log_density.max())
+    density /= density.sum()
+    pointwise = root_value(grid, m, expansion=expansion, freshness=freshness)
+    integral = float((density * pointwise).sum())
+    value = root_value(v, m, expansion=expansion, freshness=freshness, concentration=kappa)
+    # Gauss–Jacobi is exact to degree 31; z₁^m has degree about m(1 + N) (stage1._BETA_NODES).
+    degree = m * (1 + expansion)
+    assert value == pytest.approx(integral, abs=5e-7 if degree <= 64 else 5e-6 if degree <= 128 else 2e-4)
+
+
+@pytest.mark.parametrize(("v", "kappa"), [(0.5, 0.4), (0.2, 1.5), (0.9, 0.8)])
+def test_predictive_joint_value_matches_monte_carlo_for_dispersed_beliefs(v: float, kappa: float) -> None:
+    p = np.random.default_rng(7).beta(kappa * v, kappa * (1 - v), size=400_000)
+    for m in (2, 5, 20):
+        sampled = root_value(p, m, expansion=1.5, freshness=0.6)
+        value = root_value(v, m, expansion=1.5, freshness=0.6, concentration=kappa)
+        assert value == pytest.approx(float(sampled.mean()), abs=5 * float(sampled.std()) / np.sqrt(p.size))
+
+
+def test_a_certain_belief_is_the_point_value() -> None:
+    v = np.linspace(0.0, 1.0, 21)
+    for m in (0, 1, 2, 7, 64):
+        point = root_value(v, m, expansion=1.0, freshness=0.4)
+        assert np.array_equal(root_value(v, m, expansion=1.0, freshness=0.4, concentration=np.inf), point)
+        sharp = root_value(v, m, expansion=1.0, freshness=0.4, concentration=1e12)
+        np.testing.assert_allclose(sharp, point, atol=1e-9)
+        # Between, the value falls as the belief spreads (the point value is an upper bound here).
+        spread = [root_value(v, m, concentration=kappa) for kappa in (1e4, 100.0, 10.0, 1.0)]
+        assert all(np.all(wide <= narrow + 1e-12) for narrow, wide in itertools.pairwise(spread))
+
+
+@settings(max_examples=200, deadline=None)
+@given(mean, concentration, st.floats(0.0, 4.0), st.floats(0.0, 1.0))
+def test_predictive_value_has_the_shape_the_solver_needs(
+    v: float, kappa: float, expansion: float, freshness: float
+) -> None:
+    values = root_value(v, np.arange(0, 40), expansion=expansion, freshness=freshness, concentration=kappa)
+    gains = np.diff(values)
+    assert np.all(gains >= -1e-12)
+    assert np.all(np.diff(gains[1:]) <= 1e-12)
+    for lo in (2, 3, 4):
+        assert values[lo] / lo >= gains[lo] - 1e-12
+
+
+def test_predictive_curves_of_two_prompts_can_cross() -> None:
+    # The docstring's example: why per-prompt concentrations cost the paper objective its exactness.
+    dispersed = root_value(0.5, [2, 64], concentration=1.0)
+    sure = root_value(0.05, [2, 64])
+    assert dispersed[0] > sure[0] and dispersed[1] < sure[1]
+
+
+@st.composite
+def instances_with_beliefs(draw: st.DrawFn) -> dict[str, object]:
+    case = draw(instances())
+    v = case["v"]
+    assert isinstance(v, np.ndarray)
+    kappa = draw(st.lists(st.one_of(concentration, st.just(np.inf)), min_size=v.size, max_size=v.size))
+    return {**case, "concentration": np.array(kappa, dtype=np.float64)}
+
+
+@settings(max_examples=300, deadline=None)
+@given(instances_with_beliefs(), st.sampled_from([(0.0, 0.0), (1.0, 0.5), (2.0, 1.0)]))
+def test_predictive_solver_stays_within_one_block_of_the_exact_optimum(
+    case: dict[str, object], joint: tuple[float, float]
+) -> None:
+    expansion, freshness = joint
+    knobs = {**case, "expansion": expansion, "freshness": freshness}
+    fast = allocate_roots(**knobs)  # type: ignore[arg-type]
+    exact = allocate_roots_exact(**knobs)  # type: ignore[arg-type]
+    v, kappa = case["v"], case["concentration"]
+    lo = max(int(case["min_rollouts"]), 2)  # type: ignore[call-overload]
+    assert int(fast.counts.sum()) <= int(case["budget"])  # type: ignore[call-overload]
+    block = root_value(v, lo, expansion=expansion, freshness=freshness, concentration=kappa)
+    bound = (lo - 1) / lo * float(block.max(initial=0.0))
+    assert exact.expected_mixed - bound - 1e-9 <= fast.expected_mixed <= exact.expected_mixed + 1e-9
+    assert fast.expected_mixed == pytest.approx(
+        float(
+            root_value(v, fast.counts, expansion=expansion, freshness=freshness, concentration=kappa).sum()
+        ),
+        abs=1e-12,
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(instances(), concentration)
+def test_predictive_solver_is_exact_with_one_common_concentration(
+    case: dict[str, object], kappa: float
+) -> None:
+    # One κ for every prompt keeps the paper's curves ordered by |v − ½| (module docstring): exact.
+    fast = allocate_roots(**case, concentration=kappa)  # type: ignore[arg-type]
+    exact = allocate_roots_exact(**case, concentration=kappa)  # type: ignore[arg-type]
+    assert fast.expected_mixed == pytest.approx(exact.expected_mixed, rel=1e-9, abs=1e-12)
+
+
+def test_evidence_moves_the_budget_to_the_prompt_known_to_be_mixed() -> None:
+    # At ½ with no history (κ = 1) the belief is near 0 or 1; at 0.3 after many rollouts it is sharp.
+    v = np.array([0.5, 0.3])
+    assert allocate_roots(v, 2).counts.tolist() == [2, 0]
+    assert allocate_roots(v, 2, concentration=[1.0, 200.0]).counts.tolist() == [0, 2]
+
+
+@pytest.mark.parametrize(
+    ("concentration", "message"),
+    [([1.0], "shape"), ([1.0, 0.0], "> 0"), ([1.0, -2.0], "> 0"), ([1.0, float("nan")], "> 0")],
+)
+def test_bad_concentration_raises_a_clear_error(concentration: list[float], message: str) -> None:
+    for solver in (allocate_roots, allocate_roots_exact):
+        with pytest.raises(ValueError, match=message):
+            solver([0.5, 0.4], 4, concentration=concentration)
