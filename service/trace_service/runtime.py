@@ -24,6 +24,7 @@ from trace_service.predictor import (
     EncodedHistory,
     HistoryFeaturizer,
     OutcomeCounts,
+    Predictive,
     PredictorConfig,
     Query,
     RootGroup,
@@ -37,8 +38,10 @@ logger = logging.getLogger(__name__)
 
 #: The weights' version and Ṽ of each query.
 Prediction = tuple[int, npt.NDArray[np.float64]]
+#: The weights' version, Ṽ and the posterior concentration of each query (:class:`Predictive`).
+VersionedPredictive = tuple[int, Predictive]
 #: A call waiting for the next batch: its queries and where its answer goes.
-_Waiting = tuple[list[Query], "asyncio.Future[Prediction]"]
+_Waiting = tuple[list[Query], "asyncio.Future[VersionedPredictive]"]
 
 
 class PredictorRuntime:
@@ -70,12 +73,18 @@ class PredictorRuntime:
         return self.predictor.version
 
     async def predict(self, queries: Sequence[Query]) -> Prediction:
-        """Ṽ of the queries and the weights' version, computed in a worker thread so that the event
-        loop keeps serving.  Calls made while a batch runs are merged into the next one: one forward
-        pass serves many trees' Stage 2 decisions (on a GPU, one launch instead of dozens)."""
+        """Ṽ of the queries and the weights' version (:meth:`predictive` without the concentrations)."""
+        version, predictive = await self.predictive(queries)
+        return version, predictive.mean
+
+    async def predictive(self, queries: Sequence[Query]) -> VersionedPredictive:
+        """Ṽ and the posterior concentration of the queries, and the weights' version, computed in a
+        worker thread so that the event loop keeps serving.  Calls made while a batch runs are merged
+        into the next one: one forward pass serves many trees' Stage 2 decisions (on a GPU, one launch
+        instead of dozens)."""
         if not queries:
-            return self.predictor.version, np.zeros(0)
-        answer: asyncio.Future[Prediction] = asyncio.get_running_loop().create_future()
+            return self.predictor.version, Predictive(np.zeros(0), np.zeros(0))
+        answer: asyncio.Future[VersionedPredictive] = asyncio.get_running_loop().create_future()
         self._waiting.append((list(queries), answer))
         if self._batcher is None or self._batcher.done():
             self._batcher = asyncio.create_task(self._run_batches())
@@ -95,7 +104,7 @@ class PredictorRuntime:
     async def _answer(self, batch: list[_Waiting]) -> None:
         merged = [query for queries, _ in batch for query in queries]
         try:
-            version, values = await asyncio.to_thread(self.predictor.predict_versioned, merged)
+            version, predictive = await asyncio.to_thread(self.predictor.predict_versioned, merged)
         except Exception as error:
             if len(batch) > 1:  # a bad query fails its own call only: answer the calls one by one
                 for single in batch:
@@ -106,7 +115,10 @@ class PredictorRuntime:
         start = 0
         for queries, answer in batch:
             if not answer.done():  # its caller may have gone
-                answer.set_result((version, values[start : start + len(queries)]))
+                part = slice(start, start + len(queries))
+                answer.set_result(
+                    (version, Predictive(predictive.mean[part], predictive.concentration[part]))
+                )
             start += len(queries)
 
     def encode_tree(

@@ -48,6 +48,10 @@ def test_cold_start_is_the_configured_beta_posterior(synthetic_task: SyntheticTa
     values = predictor.predict([Query(root, OutcomeCounts(2, 5)), Query(first, OutcomeCounts(2, 5))])
     # The prefix inherits the root's move: μ(H) = μ(x) = μ₀ before training.
     np.testing.assert_allclose(values, [3 / 9, 3 / 9])
+    # The belief is the Beta(1 + 2, 3 + 3) posterior: concentration 4 + 5, for the prefix too.
+    predictive = predictor.predictive([Query(root, OutcomeCounts(2, 5)), Query(first, OutcomeCounts(2, 5))])
+    np.testing.assert_allclose(predictive.mean, values)
+    np.testing.assert_allclose(predictive.concentration, [9.0, 9.0])
 
 
 def test_roots_get_the_conjugate_update_and_prefixes_inherit_its_odds(synthetic_task: SyntheticTask) -> None:
@@ -65,6 +69,9 @@ def test_roots_get_the_conjugate_update_and_prefixes_inherit_its_odds(synthetic_
     prior_mean = float(network_root)
     root_value, prefix_value = predictor.predict([Query(root, history), Query(prefix, history)])
     assert root_value == pytest.approx((kappa * prior_mean + 1) / (kappa + 7))
+    # The posterior Beta(κm + 1, κ(1 − m) + 6) has concentration κ + 7, whichever source m is from.
+    fresh, seen = predictor.predictive([Query(root), Query(root, history)]).concentration
+    assert (fresh, seen) == (pytest.approx(kappa), pytest.approx(kappa + 7))
     # Without history a prefix is the network's μ(H); with it, the root's log-odds move carries over.
     raw_root = predictor._prior_means(predictor._published.model, [root])[0]
     raw_prefix = predictor._prior_means(predictor._published.model, [prefix])[0]

@@ -7,14 +7,13 @@ from collections.abc import Sequence
 
 import fakeredis
 import numpy as np
-import numpy.typing as npt
 import pytest
 from predictor_synthetic import SyntheticTask, tiny_config
 from prometheus_client import CollectorRegistry
 
 from trace_proto import ExpandEvent
 from trace_service.metrics import Metrics
-from trace_service.predictor import FeaturizerConfig, HistoryFeaturizer, Query, SuccessPredictor
+from trace_service.predictor import FeaturizerConfig, HistoryFeaturizer, Predictive, Query, SuccessPredictor
 from trace_service.runtime import PredictorRuntime
 from trace_service.store import NewTree, TreeStore
 
@@ -41,7 +40,7 @@ def count_forward_passes(runtime: PredictorRuntime) -> list[int]:
     sizes: list[int] = []
     original = runtime.predictor.predict_versioned
 
-    def counted(queries: Sequence[Query]) -> tuple[int, npt.NDArray[np.float64]]:
+    def counted(queries: Sequence[Query]) -> tuple[int, Predictive]:
         sizes.append(len(queries))
         return original(queries)
 

@@ -195,8 +195,8 @@ def test_predicting_while_training_sees_only_whole_versions(synthetic_task: Synt
     assert versions == sorted(versions)
     assert versions[-1] == 6
     by_version: dict[int, np.ndarray] = {}
-    for version, values in seen:
-        assert np.all((values >= 0) & (values <= 1))
+    for version, (values, concentration) in seen:
+        assert np.all((values >= 0) & (values <= 1)) and np.all(concentration > 0)
         # The same version always gives the same numbers: weights are never seen half-updated.
         np.testing.assert_array_equal(by_version.setdefault(version, values), values)
 

@@ -9,7 +9,7 @@ use by the service::
     root = featurizer.encode_prompt(prompt_id, prompt_text, prompt_features)   # store per node
     node = featurizer.extend(root, turn_text, turn_features)                   # O(new turn)
     counts = OutcomeCounts(successes, trials)       # the prompt's bare-rollout outcomes in earlier steps
-    version, values = predictor.predict_versioned([Query(root, counts), Query(node, counts)])
+    version, (values, concentration) = predictor.predict_versioned([Query(root, counts), Query(node, counts)])
 
     # when a tree completes: one call per tree, with V̂ and visits n of every scored node
     predictor.add_examples(
@@ -28,7 +28,8 @@ whose concentration κ is fitted to the bare-rollout groups of finished trees (p
 compares the network's prior with one constant for every prompt (the history-only posterior) on
 held-out groups and serves the better (``predictor.calibration``). Until the first training round
 (version 0) a prediction is the prompt's Beta posterior mean (s + 1) / (n + 2), i.e. 0.5 for a prompt
-never seen. ``predict`` never waits for training: each call uses one published version.
+never seen. ``predictive`` also gives each prompt's posterior concentration κ + n, the belief Stage 1's
+predictive value takes. ``predict`` never waits for training: each call uses one published version.
 Training steps are bounded by ``replay_ratio`` samples per example added, so calling ``train_round`` in
 a loop is safe. Modules: ``features`` (stable hashed n-grams, incremental encoding), ``model`` (torch
 network and batching), ``training`` (online training, versions, checkpoints), ``checkpoint`` (the
@@ -48,6 +49,7 @@ from trace_service.predictor.features import (
 from trace_service.predictor.model import Query
 from trace_service.predictor.training import (
     Calibration,
+    Predictive,
     PredictorConfig,
     RootGroup,
     SuccessPredictor,
@@ -62,6 +64,7 @@ __all__ = [
     "FeaturizerConfig",
     "HistoryFeaturizer",
     "OutcomeCounts",
+    "Predictive",
     "PredictorConfig",
     "PredictorDiagnostics",
     "Query",

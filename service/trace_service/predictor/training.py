@@ -46,7 +46,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -284,6 +284,15 @@ class Calibration:
         return calibration
 
 
+class Predictive(NamedTuple):
+    """Each query's Ṽ and the concentration of its prompt's Beta posterior, κ + n (κ the served
+    calibration's, n the prompt's earlier bare rollouts): the root's success is believed to be
+    ``Beta(concentration·Ṽ, concentration·(1 − Ṽ))``.  A prefix query carries its prompt's."""
+
+    mean: npt.NDArray[np.float64]
+    concentration: npt.NDArray[np.float64]
+
+
 @dataclass(frozen=True, slots=True)
 class TrainRoundResult:
     """Outcome of one :meth:`SuccessPredictor.train_round`."""
@@ -433,21 +442,27 @@ class SuccessPredictor:
 
     def predict(self, queries: Sequence[Query]) -> npt.NDArray[np.float64]:
         """Ṽ for each query, in [0, 1], in batches of ``inference_batch_size`` under inference mode."""
+        return self._predict_with(self._published, queries).mean
+
+    def predictive(self, queries: Sequence[Query]) -> Predictive:
+        """:meth:`predict` with each query's posterior concentration (:class:`Predictive`)."""
         return self._predict_with(self._published, queries)
 
-    def predict_versioned(self, queries: Sequence[Query]) -> tuple[int, npt.NDArray[np.float64]]:
-        """:meth:`predict` together with the version of the weights that made every value (record it
+    def predict_versioned(self, queries: Sequence[Query]) -> tuple[int, Predictive]:
+        """:meth:`predictive` together with the version of the weights that made every value (record it
         next to decisions taken from them)."""
         published = self._published
         return published.version, self._predict_with(published, queries)
 
-    def _predict_with(self, published: _Published, queries: Sequence[Query]) -> npt.NDArray[np.float64]:
+    def _predict_with(self, published: _Published, queries: Sequence[Query]) -> Predictive:
         """The network's prior μ(H) for every query, with the prompt's outcome history applied exactly:
 
             root:    (κ·m + s) / (κ + n),                       m = the root prior mean (``Calibration``)
             prefix:  σ(logit μ(H) − logit μ(x) + logit root),   x = the prefix's prompt alone,
 
-        i.e. the history moves a prompt's odds and its prefixes inherit the move."""
+        i.e. the history moves a prompt's odds and its prefixes inherit the move.  The root's posterior
+        is Beta(κm + s, κ(1 − m) + n − s), of concentration κ + n, whichever source m comes from: κ is
+        the one fitted for the served source."""
         for query in queries:
             if not isinstance(query, Query):
                 raise ValueError(f"predict takes Query values, got {type(query).__name__}")
@@ -481,7 +496,7 @@ class SuccessPredictor:
         )
         root = posterior_mean(root_mean, calibration.concentration, successes, trials)
         shifted = _sigmoid(_logit(prior) - _logit(network_root) + _logit(root))
-        return np.where(depth == 0, root, shifted)
+        return Predictive(np.where(depth == 0, root, shifted), calibration.concentration + trials)
 
     def _prior_means(
         self, model: SuccessModel | None, histories: Sequence[EncodedHistory]
@@ -594,7 +609,7 @@ class SuccessPredictor:
             seen = self._examples_seen
         if not held_out:
             return PredictorDiagnostics(published.version, seen, 0, brier=None, ece=None, spearman=None)
-        predicted = self._predict_with(published, [example.query for example in held_out])
+        predicted = self._predict_with(published, [example.query for example in held_out]).mean
         target = np.array([example.target for example in held_out])
         weight = np.array([example.weight for example in held_out])
         depth = np.array([example.history.depth for example in held_out])
