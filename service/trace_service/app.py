@@ -9,6 +9,7 @@ import contextlib
 import gc
 import logging
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -21,7 +22,7 @@ from redis.exceptions import RedisError
 
 from trace_proto import API_VERSION, AllocateRequest, ExpandRequest, PredictRequest
 from trace_service import __version__
-from trace_service.engine import Engine
+from trace_service.engine import build_engine
 from trace_service.errors import install_error_handlers
 from trace_service.metrics import Metrics
 from trace_service.middleware import (
@@ -99,7 +100,7 @@ def create_app(settings: Settings | None = None, *, store: TreeStore | None = No
         )
         with contextlib.suppress(RedisError, OSError):
             await runtime.refresh(train=False)  # start from the newest published weights
-        engine = Engine(tree_store, runtime, settings, metrics)
+        engine = build_engine(tree_store, runtime, settings, metrics, clock=app.state.clock)
         app.state.engine = engine
         metrics_server = (
             start_http_server(settings.metrics_port, registry=registry)[0] if settings.metrics_port else None
@@ -124,7 +125,7 @@ def create_app(settings: Settings | None = None, *, store: TreeStore | None = No
                 )
             ),
             asyncio.create_task(
-                _every(settings.sweep_interval_seconds, engine.sweep, "sweeper", stop, metrics)
+                _every(settings.sweep_interval_seconds, engine.sweeper.sweep, "sweeper", stop, metrics)
             ),
         ]
         try:
@@ -154,6 +155,8 @@ def create_app(settings: Settings | None = None, *, store: TreeStore | None = No
     app.state.settings = settings
     app.state.registry = registry
     app.state.metrics = metrics
+    # The clock leases, claims and timestamps run on, read when the app starts (a test may set its own).
+    app.state.clock = time.time
     for router in (allocate.router, expand.router, trees.router, predictor.router, health.router):
         app.include_router(router)
     install_error_handlers(app)

@@ -1,4 +1,4 @@
-"""Dependencies as Annotated aliases: handlers declare what they need, tests override it.
+"""Dependencies as Annotated aliases: handlers declare the component they use, tests override it.
 
 They are ``async def`` although they never await: FastAPI runs a plain ``def`` dependency in a worker
 thread, a thread hand-off on every request."""
@@ -9,13 +9,53 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from trace_service.engine import Engine
+from trace_service.engine import Allocation, Engine, Instructions, Intake, JobStatistics, Predictions, Trees
+from trace_service.metrics import Metrics
+from trace_service.runtime import PredictorRuntime
 from trace_service.settings import Settings
+from trace_service.store import TreeStore
 
 
-async def get_engine(request: Request) -> Engine:
+def _engine(request: Request) -> Engine:
     engine: Engine = request.app.state.engine
     return engine
+
+
+async def get_allocation(request: Request) -> Allocation:
+    return _engine(request).allocation
+
+
+async def get_intake(request: Request) -> Intake:
+    return _engine(request).intake
+
+
+async def get_instructions(request: Request) -> Instructions:
+    return _engine(request).instructions
+
+
+async def get_trees(request: Request) -> Trees:
+    return _engine(request).trees
+
+
+async def get_stats(request: Request) -> JobStatistics:
+    return _engine(request).stats
+
+
+async def get_predictions(request: Request) -> Predictions:
+    return _engine(request).predictions
+
+
+async def get_predictor(request: Request) -> PredictorRuntime:
+    return _engine(request).predictor
+
+
+async def get_store(request: Request) -> TreeStore:
+    return _engine(request).store
+
+
+async def get_metrics(request: Request) -> Metrics:
+    metrics: Metrics = request.app.state.metrics
+    return metrics
 
 
 async def get_settings(request: Request) -> Settings:
@@ -23,5 +63,13 @@ async def get_settings(request: Request) -> Settings:
     return settings
 
 
-EngineDep = Annotated[Engine, Depends(get_engine)]
+AllocationDep = Annotated[Allocation, Depends(get_allocation)]
+IntakeDep = Annotated[Intake, Depends(get_intake)]
+InstructionsDep = Annotated[Instructions, Depends(get_instructions)]
+TreesDep = Annotated[Trees, Depends(get_trees)]
+StatsDep = Annotated[JobStatistics, Depends(get_stats)]
+PredictionsDep = Annotated[Predictions, Depends(get_predictions)]
+PredictorDep = Annotated[PredictorRuntime, Depends(get_predictor)]
+StoreDep = Annotated[TreeStore, Depends(get_store)]
+MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]

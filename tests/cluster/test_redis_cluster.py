@@ -18,7 +18,6 @@ from support import LiveService, free_ports, make_settings, rollout, wait_for_po
 from bench.load import Ledger, LoadConfig, LoadRun, Replicas, export_run
 from trace_client import TraceClient
 from trace_proto import AllocateRequest, ExpandEvent, Instruction, PromptIn, TreeStatus
-from trace_service.engine import Engine
 
 _TREES = 12  # all on one master by chance: 3 · 3⁻¹² ≈ 6e-6
 STORM = LoadConfig(steps=1, prompts=12, rollouts_per_prompt=4, workers=4, storm=True)
@@ -134,10 +133,10 @@ def wait_for_published_weights(cluster: RedisClusterNodes, prefix: str) -> None:
 def test_the_v1_flow_on_a_three_master_cluster(cluster: RedisClusterNodes) -> None:
     settings = make_settings(cluster.url, store_cluster=True)
     prompts = [PromptIn(prompt_id=f"p{i}", text=f"task {i}") for i in range(_TREES)]
-    with LiveService(settings) as live, TraceClient(live.url, max_retries=0) as client:
-        engine: Engine = live.app.state.engine
-        now = [engine.clock()]
-        engine.clock = lambda: now[0]  # leases run on this clock: the test moves it instead of waiting
+    live = LiveService(settings)
+    now = [time.time()]
+    live.app.state.clock = lambda: now[0]  # leases run on this clock: the test moves it instead of waiting
+    with live, TraceClient(live.url, max_retries=0) as client:
         allocation = client.allocate(
             AllocateRequest(job="cluster", step=0, budget=4 * _TREES, expansion=1.0, prompts=prompts)
         )

@@ -34,7 +34,7 @@ async def running_engine(store_url: str = "", **settings: object) -> AsyncIterat
 
 async def test_an_event_with_unusable_features_is_refused_and_its_tree_goes_on(store_url: str) -> None:
     async with running_engine(store_url) as engine:
-        allocation = await engine.allocate(
+        allocation = await engine.allocation.allocate(
             AllocateRequest(
                 step=0, budget=4, expansion=1.0, prompts=[PromptIn(prompt_id="a"), PromptIn(prompt_id="b")]
             ),
@@ -42,20 +42,20 @@ async def test_an_event_with_unusable_features_is_refused_and_its_tree_goes_on(s
         )
         tree_id = allocation.trees[0].tree_id
         first = turn(tree_id, None).model_copy(update={"features": [0.5, 0.25]})
-        answer = await engine.expand([first])
+        answer = await engine.intake.expand([first])
         assert answer.accepted == 0
         assert [(r.event_id, r.status) for r in answer.rejected] == [(first.event_id, 422)]
         assert "feature_dim=0" in answer.rejected[0].error
         # The same rollout without features, and the tree's other rollout: Stage 2 runs as usual.
         ends = rollout(tree_id, None, 2, 1.0) + rollout(tree_id, None, 2, 0.0)
-        answer = await engine.expand(ends)
+        answer = await engine.intake.expand(ends)
         assert answer.accepted == len(ends) and not answer.rejected
         assert sum(i.count for i in answer.instructions) == allocation.trees[0].expansion_budget
 
 
 async def test_a_stage2_decision_that_fails_falls_back_and_is_counted(store_url: str) -> None:
     async with running_engine(store_url) as engine:
-        allocation = await engine.allocate(
+        allocation = await engine.allocation.allocate(
             AllocateRequest(step=0, budget=2, expansion=2.0, prompts=[PromptIn(prompt_id="p")]), None
         )
         tree = allocation.trees[0]
@@ -66,16 +66,16 @@ async def test_a_stage2_decision_that_fails_falls_back_and_is_counted(store_url:
             for e in rollout(tree.tree_id, None, 2, float(j))
         ]
         (batch,) = await engine.store.apply_events(
-            [(tree.tree_id, bad)], now=engine.clock(), success_threshold=0.5, decision_lease=0.0
+            [(tree.tree_id, bad)], now=time.time(), success_threshold=0.5, decision_lease=0.0
         )
         assert batch.decision_round == 1
-        assert await engine.sweep() == 1  # the lapsed claim is decided, by the fallback
-        exported = await engine.tree(tree.tree_id)
+        assert await engine.sweeper.sweep() == 1  # the lapsed claim is decided, by the fallback
+        exported = await engine.trees.tree(tree.tree_id)
         assert exported.status == "expanding"
         meta = (await engine.store.load_metas([tree.tree_id]))[0]
         assert meta is not None
         assert meta.promised == tree.expansion_budget == meta.fallback
-        offered = (await engine.claim_instructions("default", 10)).instructions
+        offered = (await engine.instructions.claim("default", 10)).instructions
         assert sum(i.count for i in offered) == tree.expansion_budget
 
 
@@ -86,11 +86,11 @@ async def test_an_allocation_of_more_than_eight_thousand_trees_is_listed_and_cou
     async with running_engine(store_url) as engine:
         prompts = [PromptIn(prompt_id=f"p{i}") for i in range(8_500)]
         request = AllocateRequest(step=3, budget=17_000, min_rollouts=2, max_rollouts=2, prompts=prompts)
-        allocation = await engine.allocate(request, "key-1")
+        allocation = await engine.allocation.allocate(request, "key-1")
         assert len(allocation.trees) == 8_500
-        stats = await engine.job_stats("default")
+        stats = await engine.stats.job_stats("default")
         assert [(s.step, s.active, s.prompts) for s in stats.steps] == [(3, 8_500, 8_500)]
-        assert await engine.allocate(request, "key-1") == allocation
+        assert await engine.allocation.allocate(request, "key-1") == allocation
 
 
 # --- 3 and 4. bad input is a clear 4xx, judged event by event -------------------------------------
@@ -182,10 +182,10 @@ def test_a_predict_request_over_the_turn_budget_is_refused(http: httpx.Client) -
 async def test_a_rollout_must_end_by_the_turn_limit_and_still_can(store_url: str) -> None:
     async with running_engine(store_url) as engine:
         request = AllocateRequest(step=0, budget=2, expansion=0.0, prompts=[PromptIn(prompt_id="p")])
-        tree = (await engine.allocate(request, None)).trees[0]
+        tree = (await engine.allocation.allocate(request, None)).trees[0]
         most = limits.MAX_TURNS_PER_HISTORY
         chain = rollout(tree.tree_id, None, most + 1, 1.0)
-        answer = await engine.expand(chain)
+        answer = await engine.intake.expand(chain)
         assert answer.accepted == most - 1
         refused = {r.event_id: r for r in answer.rejected}
         assert refused[chain[most - 1].event_id].status == 422
@@ -193,7 +193,7 @@ async def test_a_rollout_must_end_by_the_turn_limit_and_still_can(store_url: str
         # The worker ends the rollout at the limit instead: the tree goes on to finish.
         ending = chain[most - 1].model_copy(update={"event_id": "end", "done": True, "reward": 1.0})
         other = rollout(tree.tree_id, None, 2, 0.0)
-        answer = await engine.expand([ending, *other])
+        answer = await engine.intake.expand([ending, *other])
         assert answer.accepted == 3 and answer.completed == [tree.tree_id]
 
 
@@ -224,7 +224,7 @@ async def test_pcl_keeps_to_max_prompts() -> None:
         request = AllocateRequest(
             step=0, budget=64, max_rollouts=4, max_prompts=3, policy=Policy.PCL, prompts=prompts
         )
-        allocation = await engine.allocate(request, None)
+        allocation = await engine.allocation.allocate(request, None)
         assert len(allocation.trees) == 3
         assert all(tree.rollouts == 4 for tree in allocation.trees)
 
@@ -232,10 +232,10 @@ async def test_pcl_keeps_to_max_prompts() -> None:
 async def test_an_idempotency_key_reused_for_another_request_is_refused() -> None:
     async with running_engine() as engine:
         first = AllocateRequest(step=0, budget=2, prompts=[PromptIn(prompt_id="p")])
-        answer = await engine.allocate(first, "key")
-        assert await engine.allocate(first, "key") == answer
+        answer = await engine.allocation.allocate(first, "key")
+        assert await engine.allocation.allocate(first, "key") == answer
         with pytest.raises(IdempotencyConflictError, match="different request"):
-            await engine.allocate(first.model_copy(update={"budget": 4}), "key")
+            await engine.allocation.allocate(first.model_copy(update={"budget": 4}), "key")
 
 
 def test_an_idempotency_conflict_is_a_422(http: httpx.Client) -> None:
@@ -249,21 +249,22 @@ def test_an_idempotency_conflict_is_a_422(http: httpx.Client) -> None:
 async def test_a_node_reported_again_with_other_content_is_a_conflict(store_url: str) -> None:
     async with running_engine(store_url) as engine:
         request = AllocateRequest(step=0, budget=2, prompts=[PromptIn(prompt_id="p")])
-        allocation = await engine.allocate(request, None)
+        allocation = await engine.allocation.allocate(request, None)
         first = turn(allocation.trees[0].tree_id, None)
-        assert (await engine.expand([first])).accepted == 1
+        assert (await engine.intake.expand([first])).accepted == 1
         same = first.model_copy(update={"event_id": "again"})
-        assert (await engine.expand([same])).duplicates == 1
+        assert (await engine.intake.expand([same])).duplicates == 1
         for n, change in enumerate([{"text": "another text"}, {"text": None}]):
-            answer = await engine.expand([first.model_copy(update={"event_id": f"changed{n}", **change})])
+            changed = first.model_copy(update={"event_id": f"changed{n}", **change})
+            answer = await engine.intake.expand([changed])
             assert [r.status for r in answer.rejected] == [409], answer
-        exported = await engine.tree(allocation.trees[0].tree_id)
+        exported = await engine.trees.tree(allocation.trees[0].tree_id)
         assert len(exported.nodes) == 1
 
 
 async def test_job_stats_keep_a_step_after_its_trees_expire(store_url: str) -> None:
     async with running_engine(store_url) as engine:
-        allocation = await engine.allocate(
+        allocation = await engine.allocation.allocate(
             AllocateRequest(
                 step=0, budget=4, expansion=0.0, prompts=[PromptIn(prompt_id="a"), PromptIn(prompt_id="b")]
             ),
@@ -272,12 +273,12 @@ async def test_job_stats_keep_a_step_after_its_trees_expire(store_url: str) -> N
         first, second = allocation.trees
         events = [e for j in range(first.rollouts) for e in rollout(first.tree_id, None, 2, float(j % 2))]
         events += rollout(second.tree_id, None, 2, 1.0)  # the second tree is still open
-        await engine.expand(events)
-        before = await engine.job_stats("default")
+        await engine.intake.expand(events)
+        before = await engine.stats.job_stats("default")
         assert before.steps[0].trees_complete == 1
         for tree in allocation.trees:  # what their expiry does
             await engine.store.redis.delete(*engine.store.keys.tree(tree.tree_id).all)
-        after = await engine.job_stats("default")
+        after = await engine.stats.job_stats("default")
         step = before.steps[0].model_copy(update={"rollouts_spent": before.steps[0].rollouts_spent - 1})
         assert after.steps == [step]  # only the open tree's one leaf is gone
 
@@ -316,12 +317,12 @@ async def test_dapo_filters_a_group_whose_rewards_all_agree() -> None:
             policy=Policy.DAPO,
             prompts=[PromptIn(prompt_id="agree"), PromptIn(prompt_id="mixed")],
         )
-        agree, mixed = (await engine.allocate(request, None)).trees
-        answer = await engine.expand(
+        agree, mixed = (await engine.allocation.allocate(request, None)).trees
+        answer = await engine.intake.expand(
             [e for j in range(agree.rollouts) for e in rollout(agree.tree_id, None, 2, 1.0)]
         )
         assert answer.instructions == [] and answer.completed == [agree.tree_id]
-        answer = await engine.expand(
+        answer = await engine.intake.expand(
             [e for j in range(mixed.rollouts) for e in rollout(mixed.tree_id, None, 2, float(j % 2))]
         )
         assert sum(i.count for i in answer.instructions) == mixed.expansion_budget
@@ -332,13 +333,13 @@ async def test_dapo_filters_a_group_whose_rewards_all_agree() -> None:
 async def test_job_stats_of_a_step_allocated_before_per_step_sums_come_from_its_trees() -> None:
     async with running_engine() as engine:
         request = AllocateRequest(step=0, budget=4, expansion=0.0, prompts=[PromptIn(prompt_id="a")])
-        allocation = await engine.allocate(request, None)
+        allocation = await engine.allocation.allocate(request, None)
         tree = allocation.trees[0]
-        await engine.expand(
+        await engine.intake.expand(
             [e for j in range(tree.rollouts) for e in rollout(tree.tree_id, None, 2, float(j % 2))]
         )
-        current = await engine.job_stats("default")
+        current = await engine.stats.job_stats("default")
         # What an older service wrote for the allocation: the prompts only.
         field = f"0:{allocation.allocation_id}"
         await engine.store.redis.hset(engine.store.keys.steps_info("default"), field, "1")
-        assert await engine.job_stats("default") == current
+        assert await engine.stats.job_stats("default") == current

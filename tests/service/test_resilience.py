@@ -16,9 +16,8 @@ from support import LiveService, RedisServer, free_port, make_settings, rollout,
 
 from trace_client import AsyncTraceClient, TraceClient
 from trace_proto import AllocateRequest, PromptIn
-from trace_service import engine as engine_module
 from trace_service.app import create_app
-from trace_service.engine import Engine
+from trace_service.engine import Engine, maintenance
 
 
 @contextlib.asynccontextmanager
@@ -82,11 +81,11 @@ async def test_continuations_are_capped_by_their_instruction(service: LiveServic
             await c.aclose()
 
 
-def test_an_unstarted_instruction_is_offered_again_after_its_lease(service: LiveService) -> None:
-    engine = service.app.state.engine
-    now = [engine.clock()]
-    engine.clock = lambda: now[0]
-    with TraceClient(service.url) as client:
+def test_an_unstarted_instruction_is_offered_again_after_its_lease(store_url: str) -> None:
+    service = LiveService(make_settings(store_url))
+    now = [time.time()]
+    service.app.state.clock = lambda: now[0]  # leases run on this clock: the test moves it
+    with service, TraceClient(service.url) as client:
         tree_id, rollouts, _ = one_prompt(client, budget=2, expansion=1.0)
         issued = client.expand(
             [e for j in range(rollouts) for e in rollout(tree_id, None, 2, float(j))]
@@ -107,26 +106,26 @@ def test_an_unstarted_instruction_is_offered_again_after_its_lease(service: Live
 
 async def test_a_lapsed_stage2_decision_is_taken_over(store_url: str) -> None:
     async with running_engine(store_url) as engine:
-        allocation = await engine.allocate(
+        allocation = await engine.allocation.allocate(
             AllocateRequest(step=0, budget=2, expansion=1.0, prompts=[PromptIn(prompt_id="p")]), None
         )
         tree_id = allocation.trees[0].tree_id
         # A replica records the last leaves and dies before deciding Stage 2: its claim just lapses.
         events = [e for j in range(2) for e in rollout(tree_id, None, 2, float(j))]
         (batch,) = await engine.store.apply_events(
-            [(tree_id, events)], now=engine.clock(), success_threshold=0.5, decision_lease=0.05
+            [(tree_id, events)], now=time.time(), success_threshold=0.5, decision_lease=0.05
         )
         assert batch.decision_round == 1
         # The claim comes with the tree as the decision must see it: what loading it gives.
         assert batch.tree is not None
         assert batch.tree == await engine.store.load_tree(tree_id)
         assert len(batch.tree.nodes) == len(events)
-        assert await engine.sweep() == 0  # still claimed
+        assert await engine.sweeper.sweep() == 0  # still claimed
         await asyncio.sleep(0.1)
-        assert await engine.sweep() == 1
-        offered = (await engine.claim_instructions("default", 10)).instructions
+        assert await engine.sweeper.sweep() == 1
+        offered = (await engine.instructions.claim("default", 10)).instructions
         assert sum(i.count for i in offered) == allocation.trees[0].expansion_budget
-        assert await engine.sweep() == 0  # decided once
+        assert await engine.sweeper.sweep() == 0  # decided once
 
 
 async def test_the_sweeper_works_through_a_long_open_list_a_slice_per_sweep(
@@ -134,17 +133,17 @@ async def test_the_sweeper_works_through_a_long_open_list_a_slice_per_sweep(
 ) -> None:
     """Abandoned trees stay open until they expire; each sweep checks a bounded slice of them and the
     next one resumes there, so a lapsed claim anywhere in the list is still found."""
-    monkeypatch.setattr(engine_module, "_SWEEP_PAGE", 50)
-    monkeypatch.setattr(engine_module, "_SWEEP_PAGES", 2)
+    monkeypatch.setattr(maintenance, "_SWEEP_PAGE", 50)
+    monkeypatch.setattr(maintenance, "_SWEEP_PAGES", 2)
     async with running_engine(store_url) as engine:
         prompts = [PromptIn(prompt_id=f"p{i}") for i in range(400)]
-        allocation = await engine.allocate(
+        allocation = await engine.allocation.allocate(
             AllocateRequest(step=0, budget=800, min_rollouts=2, expansion=1.0, prompts=prompts), None
         )
         tree_id = allocation.trees[-1].tree_id
         events = [e for j in range(2) for e in rollout(tree_id, None, 2, float(j))]
         (batch,) = await engine.store.apply_events(
-            [(tree_id, events)], now=engine.clock(), success_threshold=0.5, decision_lease=0.0
+            [(tree_id, events)], now=time.time(), success_threshold=0.5, decision_lease=0.0
         )
         assert batch.decision_round == 1
         checked: list[int] = []
@@ -158,10 +157,10 @@ async def test_the_sweeper_works_through_a_long_open_list_a_slice_per_sweep(
         acted = []
         for _ in range(12):  # 400 trees, about 100 per sweep: every tree is seen within a few sweeps
             checked.clear()
-            acted.append(await engine.sweep())
+            acted.append(await engine.sweeper.sweep())
             assert len(checked) <= 2 and sum(checked) < 150  # a slice (SSCAN's count is a hint)
         assert sum(acted) == 1
-        offered = (await engine.claim_instructions("default", 10)).instructions
+        offered = (await engine.instructions.claim("default", 10)).instructions
         assert sum(i.count for i in offered) == allocation.trees[-1].expansion_budget
 
 
@@ -198,7 +197,7 @@ async def test_a_pipeline_of_scripts_survives_redis_losing_its_scripts(store_url
     """After a restart Redis has no scripts: pipelined calls that find theirs gone did not run, and run
     again once it is loaded (never twice)."""
     async with running_engine(store_url) as engine:
-        allocation = await engine.allocate(
+        allocation = await engine.allocation.allocate(
             AllocateRequest(
                 step=0, budget=4, min_rollouts=2, prompts=[PromptIn(prompt_id=f"p{i}") for i in range(2)]
             ),
@@ -207,11 +206,11 @@ async def test_a_pipeline_of_scripts_survives_redis_losing_its_scripts(store_url
         batches = [(tree.tree_id, rollout(tree.tree_id, None, 2, 1.0)) for tree in allocation.trees]
         await engine.store.redis.script_flush()
         applied = await engine.store.apply_events(
-            batches, now=engine.clock(), success_threshold=0.5, decision_lease=30.0
+            batches, now=time.time(), success_threshold=0.5, decision_lease=30.0
         )
         assert [[o.code for o in batch.outcomes] for batch in applied] == [[200, 200], [200, 200]]
         again = await engine.store.apply_events(
-            batches, now=engine.clock(), success_threshold=0.5, decision_lease=30.0
+            batches, now=time.time(), success_threshold=0.5, decision_lease=30.0
         )
         assert [[o.code for o in batch.outcomes] for batch in again] == [[208, 208], [208, 208]]
 
@@ -222,7 +221,7 @@ async def test_a_damaged_tree_fails_alone_and_old_trees_stay_readable(store_url:
     field still loads."""
     async with running_engine(store_url) as engine:
         prompts = [PromptIn(prompt_id=f"p{i}", text=f"prompt {i}") for i in range(2)]
-        allocation = await engine.allocate(
+        allocation = await engine.allocation.allocate(
             AllocateRequest(step=0, budget=4, min_rollouts=2, expansion=1.0, prompts=prompts), None
         )
         damaged, healthy = (tree.tree_id for tree in allocation.trees)
@@ -236,7 +235,7 @@ async def test_a_damaged_tree_fails_alone_and_old_trees_stay_readable(store_url:
             e for tree_id in (damaged, healthy) for j in range(2) for e in rollout(tree_id, None, 2, float(j))
         ]
         with pytest.raises(DataError, match=damaged):
-            await engine.expand(events)
+            await engine.intake.expand(events)
         tree = await engine.store.load_tree(healthy)
         assert tree is not None and tree.prompt_text == "prompt 1"
         assert sum(i.count for i in tree.instructions.values()) == allocation.trees[1].expansion_budget
@@ -247,7 +246,7 @@ async def test_one_tree_that_fails_does_not_stop_the_sweeper(
 ) -> None:
     async with running_engine(store_url) as engine:
         prompts = [PromptIn(prompt_id=f"p{i}") for i in range(3)]
-        allocation = await engine.allocate(
+        allocation = await engine.allocation.allocate(
             AllocateRequest(step=0, budget=6, min_rollouts=2, expansion=0.0, prompts=prompts), None
         )
         trees = [tree.tree_id for tree in allocation.trees]
@@ -257,20 +256,21 @@ async def test_one_tree_that_fails_does_not_stop_the_sweeper(
                 (tree_id, [e for j in range(2) for e in rollout(tree_id, None, 2, float(j))])
                 for tree_id in trees
             ],
-            now=engine.clock(),
+            now=time.time(),
             success_threshold=0.5,
             decision_lease=30.0,
         )
         assert all(not isinstance(batch, Exception) and batch.completed for batch in applied)
-        original = engine._on_completed
+        completion = engine.sweeper.completion
+        original = completion.completed
 
         async def failing_for_one(tree_id: str, meta: object = None) -> None:
             if tree_id == trees[0]:
                 raise RuntimeError("a damaged tree")
             await original(tree_id)
 
-        monkeypatch.setattr(engine, "_on_completed", failing_for_one)
-        assert await engine.sweep() == 2
+        monkeypatch.setattr(completion, "completed", failing_for_one)
+        assert await engine.sweeper.sweep() == 2
         assert set(await _open_trees(engine, "default")) == {trees[0]}
 
 

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Header, Request
 
 from trace_proto import AllocateRequest, AllocateResponse
 from trace_proto.v1 import paths
-from trace_service.deps import EngineDep
+from trace_service.deps import AllocationDep
 from trace_service.routers.body import documented, validated
 from trace_service.routers.responses import ERRORS
 
@@ -54,11 +54,11 @@ _LINKS = {
 )
 async def allocate(
     request: Request,
-    engine: EngineDep,
+    allocation: AllocationDep,
     idempotency_key: Annotated[str | None, Header(alias=paths.IDEMPOTENCY_KEY_HEADER, max_length=256)] = None,
 ) -> AllocateResponse:
     """Stage 1: how many bare rollouts each candidate prompt gets (0 = skipped), one tree per active prompt.
 
     Repeating a request with the same `Idempotency-Key` returns the first answer.
     """
-    return await engine.allocate(await validated(request, AllocateRequest), idempotency_key)
+    return await allocation.allocate(await validated(request, AllocateRequest), idempotency_key)

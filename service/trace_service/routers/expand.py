@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from trace_proto import ExpandEvent, ExpandRequest, ExpandResponse, InstructionsResponse, RejectedEvent
 from trace_proto.v1 import limits, paths
 from trace_proto.v1.common import JobName
-from trace_service.deps import EngineDep
+from trace_service.deps import InstructionsDep, IntakeDep
 from trace_service.routers.body import documented, parsed
 from trace_service.routers.responses import ERRORS
 
@@ -105,7 +105,7 @@ def parse_events(body: bytes) -> tuple[list[ExpandEvent], list[RejectedEvent]]:
     responses=ERRORS,
     openapi_extra=documented(ExpandRequest),
 )
-async def expand(request: Request, engine: EngineDep) -> ExpandResponse:
+async def expand(request: Request, intake: IntakeDep) -> ExpandResponse:
     """Report finished turns; get the branching instructions they trigger.
 
     Events are validated and applied one by one (a tree's events in order): a bad event is listed in
@@ -114,7 +114,7 @@ async def expand(request: Request, engine: EngineDep) -> ExpandResponse:
     # Validating a large body (and, if it fails as a whole, each of its events) takes tens of
     # milliseconds: beside the event loop, not on it.
     events, rejected = await parsed(await request.body(), parse_events)
-    response = await engine.expand(events) if events else ExpandResponse(accepted=0, duplicates=0)
+    response = await intake.expand(events) if events else ExpandResponse(accepted=0, duplicates=0)
     if not rejected:
         return response
     return response.model_copy(update={"rejected": [*rejected, *response.rejected]})
@@ -122,9 +122,9 @@ async def expand(request: Request, engine: EngineDep) -> ExpandResponse:
 
 @router.get(paths.INSTRUCTIONS, response_model=InstructionsResponse, responses=ERRORS)
 async def claim_instructions(
-    engine: EngineDep, job: JobName = "default", max: int = limits.DEFAULT_CLAIM
+    instructions: InstructionsDep, job: JobName = "default", max: int = limits.DEFAULT_CLAIM
 ) -> InstructionsResponse:
     """Lease instructions nobody has started; unstarted ones are offered again after `lease_seconds`."""
     if not 1 <= max <= limits.MAX_CLAIM:
         raise HTTPException(422, f"max must be between 1 and {limits.MAX_CLAIM}")
-    return await engine.claim_instructions(job, max)
+    return await instructions.claim(job, max)

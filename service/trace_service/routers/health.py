@@ -7,7 +7,7 @@ from redis.exceptions import RedisError
 
 from trace_proto import Health, Ready
 from trace_proto.v1 import paths
-from trace_service.deps import EngineDep
+from trace_service.deps import MetricsDep, SettingsDep, StoreDep
 
 router = APIRouter(tags=["operations"])
 
@@ -19,20 +19,20 @@ async def healthz() -> Health:
 
 
 @router.get(paths.READY, response_model=Ready, responses={503: {"model": Ready, "description": "Not ready"}})
-async def readyz(engine: EngineDep) -> JSONResponse:
+async def readyz(store: StoreDep, metrics: MetricsDep) -> JSONResponse:
     """Readiness: the tree store answers and a predictor is loaded."""
     try:
-        store = await engine.store.ping()
+        store_up = await store.ping()
     except (RedisError, OSError):
-        store = False
-    engine.metrics.store_up.set(int(store))
-    ready = Ready(ready=store, store=store, predictor=True)
-    return JSONResponse(ready.model_dump(mode="json"), status_code=200 if store else 503)
+        store_up = False
+    metrics.store_up.set(int(store_up))
+    ready = Ready(ready=store_up, store=store_up, predictor=True)
+    return JSONResponse(ready.model_dump(mode="json"), status_code=200 if store_up else 503)
 
 
 @router.get(paths.METRICS, include_in_schema=False)
-async def metrics(request: Request) -> Response:
-    port = request.app.state.settings.metrics_port
+async def metrics(request: Request, settings: SettingsDep) -> Response:
+    port = settings.metrics_port
     if port:  # kept off the port trainers reach
         raise HTTPException(404, f"metrics are served on port {port}")
     return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)

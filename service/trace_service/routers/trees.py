@@ -7,7 +7,7 @@ from fastapi import APIRouter, Path
 from trace_proto import JobStats, TreeResponse
 from trace_proto.v1 import limits, paths
 from trace_proto.v1.common import JobName
-from trace_service.deps import EngineDep
+from trace_service.deps import StatsDep, TreesDep
 from trace_service.routers.responses import ERRORS, NOT_FOUND
 
 router = APIRouter(tags=["trees"])
@@ -16,18 +16,18 @@ TreeId = Annotated[str, Path(min_length=1, max_length=limits.MAX_ID_LENGTH)]
 
 
 @router.get(paths.TREE, response_model=TreeResponse, responses={**ERRORS, **NOT_FOUND})
-async def get_tree(tree_id: TreeId, engine: EngineDep) -> TreeResponse:
+async def get_tree(tree_id: TreeId, trees: TreesDep) -> TreeResponse:
     """A tree with per-node visits, successes, value V̂, the prediction used, advantage and reward."""
-    return await engine.tree(tree_id)
+    return await trees.tree(tree_id)
 
 
 @router.post(paths.TREE_CLOSE, response_model=TreeResponse, responses={**ERRORS, **NOT_FOUND})
-async def close_tree(tree_id: TreeId, engine: EngineDep) -> TreeResponse:
+async def close_tree(tree_id: TreeId, trees: TreesDep) -> TreeResponse:
     """Finish a tree early: it takes no more turns and its outstanding instructions are withdrawn."""
-    return await engine.close_tree(tree_id)
+    return await trees.close(tree_id)
 
 
 @router.get(paths.JOB_STATS, response_model=JobStats, responses={**ERRORS, **NOT_FOUND})
-async def job_stats(job: Annotated[JobName, Path()], engine: EngineDep) -> JobStats:
+async def job_stats(job: Annotated[JobName, Path()], stats: StatsDep) -> JobStats:
     """Effective ratio and budget accounting per training step (most recent steps)."""
-    return await engine.job_stats(job)
+    return await stats.job_stats(job)

@@ -1,0 +1,213 @@
+"""POST /v1/allocate: idempotency, the predictions, and Stage 1 (bare rollouts per prompt, one tree
+per active prompt)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import numpy.typing as npt
+
+from trace_proto import AllocateRequest, AllocateResponse, Policy
+from trace_service.allocation import (
+    allocate_roots,
+    allocate_roots_exact,
+    greso_keep,
+    knapsack_weight,
+    pcl_roots,
+    root_value,
+    uniform_roots,
+)
+from trace_service.engine.common import Clock, IdempotencyConflictError, IntArray, fresh_ids, off_loop
+from trace_service.metrics import Metrics
+from trace_service.predictor import OutcomeCounts, Query
+from trace_service.runtime import PredictorRuntime
+from trace_service.store import NewTree, PromptOutcomes, TreeStore
+
+#: Stage 1 of each policy: TRACE's solver, or a baseline's rule.
+_TRACE_ROOTS = {Policy.TRACE, Policy.TRACE_ROOT, Policy.TRACE_PAPER}
+#: Largest B·M·m_max for which Knapsack RL runs its exact DP; beyond it the envelope solver.
+_KNAPSACK_DP_CELLS = 20_000_000
+
+
+class Allocation:
+    """Answers allocation requests: predicts each prompt's success, runs its policy's Stage 1 rule and
+    creates the trees, remembering the answer under the request's idempotency key."""
+
+    def __init__(self, store: TreeStore, predictor: PredictorRuntime, metrics: Metrics, clock: Clock) -> None:
+        self.store = store
+        self.predictor = predictor
+        self.metrics = metrics
+        self.clock = clock
+        self._rng = np.random.default_rng()
+
+    async def allocate(self, request: AllocateRequest, idempotency_key: str | None) -> AllocateResponse:
+        """Stage 1.  Trees are created before the answer is remembered under the idempotency key and
+        listed after, so a retry after any failure gets trees that exist; listing is idempotent."""
+        fingerprint = ""
+        if idempotency_key:
+            fingerprint = await off_loop(len(request.prompts), request_fingerprint, request)
+            remembered = await self.store.recall_response(request.job, idempotency_key)
+            if remembered is not None:
+                response = _remembered(idempotency_key, fingerprint, remembered)
+                await self._index(request, response)  # in case the first attempt stopped before it
+                return response
+        with self.metrics.allocate_duration.labels(request.policy.value).time():
+            response, trees = await self._decide_roots(request)
+        now = self.clock()
+        await self.store.create_trees(trees, now)
+        if idempotency_key:
+            body = response.model_dump_json()
+            winner = await self.store.remember_response(request.job, idempotency_key, fingerprint, body)
+            if winner[1] != body:
+                # A concurrent twin answered first: its trees stand; ours stay unlisted and expire.
+                response = _remembered(idempotency_key, fingerprint, winner)
+                await self._index(request, response)
+                return response
+        await self._index(request, response)
+        job = self.metrics.job_label(request.job)
+        self.metrics.allocate_prompts.labels(job, "active").inc(len(response.trees))
+        self.metrics.allocate_prompts.labels(job, "skipped").inc(len(response.skipped))
+        promised = self.metrics.budget_promised
+        promised.labels(job, "bare").inc(sum(tree.rollouts for tree in trees))
+        promised.labels(job, "continuation").inc(sum(tree.expansion_budget for tree in trees))
+        return response
+
+    async def _index(self, request: AllocateRequest, response: AllocateResponse) -> None:
+        await self.store.index_allocation(
+            request.job,
+            request.step,
+            response.allocation_id,
+            len(request.prompts),
+            [tree.tree_id for tree in response.trees],
+            sum(tree.rollouts for tree in response.trees),
+            self.clock(),
+        )
+
+    async def _decide_roots(self, request: AllocateRequest) -> tuple[AllocateResponse, list[NewTree]]:
+        prompts = request.prompts
+        history = await self.store.prompt_outcomes(request.job, [p.prompt_id for p in prompts])
+        encoded = await off_loop(
+            len(prompts),
+            self.predictor.featurizer.encode_prompts,
+            [(p.prompt_id, p.text or "", p.features) for p in prompts],
+        )
+        queries = [
+            Query(root, OutcomeCounts(h.successes, h.trials))
+            for root, h in zip(encoded, history, strict=True)
+        ]
+        version, v = await self.predictor.predict(queries)
+        return await off_loop(len(prompts), self._plan_roots, request, history, version, v)
+
+    def _plan_roots(
+        self,
+        request: AllocateRequest,
+        history: list[PromptOutcomes],
+        version: int,
+        v: npt.NDArray[np.float64],
+    ) -> tuple[AllocateResponse, list[NewTree]]:
+        """Stage 1 from the predictions: the answer and the trees to create."""
+        prompts = request.prompts
+        streak = np.array([h.zero_variance_streak for h in history])
+        counts = root_counts(request, v, streak, freshness=self.predictor.freshness, rng=self._rng)
+        expansion = np.floor(counts * request.expansion + 1e-9).astype(np.int64).tolist()
+        rollouts, predicted = counts.tolist(), v.tolist()
+        active = [i for i, count in enumerate(rollouts) if count > 0]
+        allocation_id, *tree_ids = fresh_ids(1 + len(active))
+        trees = [
+            NewTree(
+                tree_id=tree_id,
+                allocation_id=allocation_id,
+                job=request.job,
+                step=request.step,
+                prompt_id=prompts[i].prompt_id,
+                prompt_text=prompts[i].text or "",
+                prompt_features=prompts[i].features,
+                rollouts=rollouts[i],
+                expansion_budget=expansion[i],
+                rounds=request.rounds,
+                policy=request.policy.value,
+                predicted_success=predicted[i],
+                return_unspent=request.return_unspent,
+                prior_outcomes=(history[i].successes, history[i].trials),
+            )
+            for i, tree_id in zip(active, tree_ids, strict=True)
+        ]
+        # Validated in one pass from plain data: a thousand model constructors cost ~10 ms.
+        response = AllocateResponse.model_validate(
+            {
+                "allocation_id": allocation_id,
+                "job": request.job,
+                "step": request.step,
+                "policy": request.policy,
+                "predictor_version": version,
+                "trees": [
+                    {
+                        "prompt_id": t.prompt_id,
+                        "tree_id": t.tree_id,
+                        "rollouts": t.rollouts,
+                        "expansion_budget": t.expansion_budget,
+                        "predicted_success": t.predicted_success,
+                    }
+                    for t in trees
+                ],
+                "skipped": [
+                    {"prompt_id": p.prompt_id, "predicted_success": predicted[i]}
+                    for i, p in enumerate(prompts)
+                    if rollouts[i] == 0
+                ],
+                "expected_mixed": float(root_value(v, counts).sum()),
+                "budget": request.budget,
+            }
+        )
+        return response, trees
+
+
+def root_counts(
+    request: AllocateRequest,
+    v: npt.NDArray[np.float64],
+    streak: IntArray,
+    *,
+    freshness: float,
+    rng: np.random.Generator,
+) -> IntArray:
+    """Bare rollouts per prompt by the request's policy: Ṽ ``v``, zero-variance ``streak`` per prompt,
+    the predictor's continuation ``freshness`` ρ."""
+    policy, budget, n = request.policy, request.budget, len(request.prompts)
+    lo, hi, cap = request.min_rollouts, request.max_rollouts, request.max_prompts
+    if policy in _TRACE_ROOTS:
+        # The joint objective counts the contrast Stage 2 will add; the paper's values bare rollouts only.
+        return allocate_roots(
+            v,
+            budget,
+            min_rollouts=lo,
+            max_rollouts=hi,
+            max_prompts=cap,
+            expansion=request.expansion,
+            freshness=0.0 if policy is Policy.TRACE_PAPER else freshness,
+        ).counts
+    if policy is Policy.KNAPSACK:
+        solver = allocate_roots_exact if n * budget * hi <= _KNAPSACK_DP_CELLS else allocate_roots
+        weight = knapsack_weight(v)
+        return solver(v, budget, min_rollouts=lo, max_rollouts=hi, max_prompts=cap, weight=weight).counts
+    if policy is Policy.PCL:
+        batch = min(n, request.max_prompts or n)
+        per_prompt = int(np.clip(budget // max(batch, 1), request.min_rollouts, request.max_rollouts))
+        return pcl_roots(v, budget, rollouts_per_prompt=per_prompt, max_prompts=cap)
+    keep = greso_keep(streak, rng) if policy is Policy.GRESO else None
+    return uniform_roots(n, budget, min_rollouts=lo, max_rollouts=hi, max_prompts=cap, keep=keep)
+
+
+def request_fingerprint(request: AllocateRequest) -> str:
+    """What identifies a request behind an idempotency key: a digest of its canonical JSON."""
+    return hashlib.sha256(request.model_dump_json().encode()).hexdigest()
+
+
+def _remembered(key: str, fingerprint: str, remembered: tuple[str, str]) -> AllocateResponse:
+    """The answer remembered under an idempotency key, if it answered this same request."""
+    first, body = remembered
+    if first and first != fingerprint:
+        raise IdempotencyConflictError(
+            f"Idempotency-Key {key!r} was used for a different request; use a new key for a new request"
+        )
+    return AllocateResponse.model_validate_json(body)

@@ -1,0 +1,28 @@
+"""What follows a tree's completion, whoever finished it (its last event, a decision, a close, the
+sweeper)."""
+
+from __future__ import annotations
+
+from trace_service.metrics import Metrics
+from trace_service.store import TreeMeta, TreeStore
+
+
+class Completion:
+    def __init__(self, store: TreeStore, metrics: Metrics) -> None:
+        self.store = store
+        self.metrics = metrics
+
+    async def completed(self, tree_id: str, meta: TreeMeta | None = None) -> None:
+        """Bookkeeping once a tree is finished: the prompt's outcome history (counted once per tree), a
+        training example for the predictor, metrics; then it leaves the open list.  If this fails
+        part-way the sweeper finds the finished tree still open and runs it again.  ``meta`` is the
+        tree's header when the caller has it (its counters no longer change)."""
+        meta = meta or (await self.store.load_metas([tree_id]))[0]
+        if meta is None:
+            return
+        counted = await self.store.record_prompt_outcome(meta)
+        await self.store.push_completed(tree_id)
+        if counted:
+            mixed = "true" if meta.mixed else "false"
+            self.metrics.trees_completed.labels(self.metrics.job_label(meta.job), mixed).inc()
+        await self.store.forget_open(meta.job, tree_id)

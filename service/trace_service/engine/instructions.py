@@ -1,0 +1,50 @@
+"""GET /v1/instructions: instructions nobody has started, leased to the worker that claims them."""
+
+from __future__ import annotations
+
+from trace_proto import Instruction, InstructionsResponse
+from trace_service.engine.common import Clock
+from trace_service.metrics import OTHER_JOBS, Metrics
+from trace_service.settings import Settings
+from trace_service.store import StoredTree, TreeStore
+
+
+class Instructions:
+    def __init__(self, store: TreeStore, settings: Settings, metrics: Metrics, clock: Clock) -> None:
+        self.store = store
+        self.settings = settings
+        self.metrics = metrics
+        self.clock = clock
+
+    async def claim(self, job: str, max_items: int) -> InstructionsResponse:
+        """Up to ``max_items`` of ``job``'s offered instructions, each leased for ``lease_seconds``;
+        instructions that are finished (all started, or their tree done or gone) leave the queue."""
+        now = self.clock()
+        lease = self.settings.lease_seconds
+        claimed = await self.store.claim_instructions(job, max_items=max_items, lease=lease, now=now)
+        instructions: list[Instruction] = []
+        finished: list[tuple[str, str]] = []
+        trees: dict[str, StoredTree | None] = {}
+        for tree_id, instruction_id, offered_until in claimed:
+            if tree_id not in trees:
+                trees[tree_id] = await self.store.load_tree(tree_id)
+            tree = trees[tree_id]
+            stored = tree.instructions.get(instruction_id) if tree else None
+            if tree is None or stored is None or stored.unstarted <= 0 or tree.meta.finished:
+                finished.append((tree_id, instruction_id))
+                continue
+            if offered_until > stored.created_at + 1e-6:
+                self.metrics.instruction_lease_expiries.labels(self.metrics.job_label(job)).inc()
+            instructions.append(
+                Instruction(
+                    instruction_id=instruction_id,
+                    tree_id=tree_id,
+                    node_id=stored.node_id,
+                    count=stored.unstarted,
+                )
+            )
+        await self.store.dequeue_instructions(job, finished)
+        backlog = await self.store.queue_length(job)
+        if (label := self.metrics.job_label(job)) != OTHER_JOBS:  # a gauge shared by jobs would mean nothing
+            self.metrics.instruction_backlog.labels(label).set(backlog)
+        return InstructionsResponse(instructions=instructions, lease_seconds=lease)

@@ -1,0 +1,174 @@
+"""Trees as trainers read them (and closing one early), a job's statistics, and predictions on demand."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from trace_proto import HistoryIn, JobStats, PredictResponse, StepStats, TreeNode, TreeResponse, TreeStatus
+from trace_service.engine.common import Clock, NotFoundError, off_loop
+from trace_service.engine.completion import Completion
+from trace_service.metrics import OTHER_JOBS, Metrics
+from trace_service.predictor import OutcomeCounts, Query, Turn
+from trace_service.runtime import PredictorRuntime
+from trace_service.settings import Settings
+from trace_service.store import AllocationCounts, StoredTree, TreeMeta, TreeStore
+from trace_service.tree import advantages
+
+
+class Trees:
+    """GET /v1/trees/{id} and POST /v1/trees/{id}/close."""
+
+    def __init__(self, store: TreeStore, settings: Settings, completion: Completion, clock: Clock) -> None:
+        self.store = store
+        self.settings = settings
+        self.completion = completion
+        self.clock = clock
+
+    async def tree(self, tree_id: str) -> TreeResponse:
+        tree = await self.store.load_tree(tree_id)
+        if tree is None:
+            raise NotFoundError(f"unknown tree {tree_id!r} (it may have expired)")
+        return await off_loop(len(tree.nodes), export_tree, tree, self.settings.success_threshold)
+
+    async def close(self, tree_id: str) -> TreeResponse:
+        before = await self.store.close_tree(tree_id, self.clock())
+        if not before:
+            raise NotFoundError(f"unknown tree {tree_id!r} (it may have expired)")
+        tree = await self.store.load_tree(tree_id)
+        if tree is None:
+            raise NotFoundError(f"unknown tree {tree_id!r} (it may have expired)")
+        if before not in ("complete", "closed"):
+            await self.store.dequeue_instructions(tree.meta.job, [(tree_id, i) for i in tree.instructions])
+            await self.completion.completed(tree_id)
+        return await off_loop(len(tree.nodes), export_tree, tree, self.settings.success_threshold)
+
+
+class JobStatistics:
+    """GET /v1/jobs/{job}/stats."""
+
+    def __init__(self, store: TreeStore, settings: Settings, metrics: Metrics) -> None:
+        self.store = store
+        self.settings = settings
+        self.metrics = metrics
+
+    async def job_stats(self, job: str) -> JobStats:
+        steps = await self.store.steps(job, self.settings.stats_steps)
+        if not steps:
+            raise NotFoundError(f"unknown job {job!r}")
+        # Each hash once for every step; the sums before any step's trees (see _step_stats).
+        allocations = await self.store.step_allocations(job)
+        totals = await self.store.step_totals(job)
+        summaries = [
+            await self._step_stats(job, step, allocations.get(step, []), totals.get(step, {}))
+            for step in steps
+        ]
+        ratio = summaries[-1].effective_ratio
+        if ratio is not None and (label := self.metrics.job_label(job)) != OTHER_JOBS:
+            self.metrics.effective_ratio.labels(label).set(ratio)
+        return JobStats(job=job, steps=summaries)
+
+    async def _step_stats(
+        self, job: str, step: int, allocations: list[AllocationCounts], totals: dict[str, int]
+    ) -> StepStats:
+        """A step's figures: the sums kept for its counted trees (they outlive the trees) plus what its
+        other trees hold now.  The sums were read first: a tree counted in between is missed by this
+        answer (and counted in the next), never counted twice."""
+        tree_ids = await self.store.step_tree_ids(job, step)
+        # A step allocated before the service kept per-step figures: what its trees still hold.
+        legacy = any(allocation.trees is None for allocation in allocations)
+        if legacy:
+            totals = {}
+        uncounted = tree_ids if legacy else await self.store.uncounted(job, tree_ids)
+        live = [meta for meta in await self.store.load_metas(uncounted) if meta]
+        if legacy:
+            active, bare_promised = len(live), sum(meta.rollouts for meta in live)
+        else:
+            active = sum(allocation.trees or 0 for allocation in allocations)
+            bare_promised = sum(allocation.bare_promised or 0 for allocation in allocations)
+        prompts = max(sum(allocation.prompts for allocation in allocations), active)
+
+        def total(figure: str, live_value: Callable[[TreeMeta], int]) -> int:
+            return totals.get(figure, 0) + sum(live_value(meta) for meta in live)
+
+        return StepStats(
+            step=step,
+            prompts=prompts,
+            active=active,
+            skipped=prompts - active,
+            trees_complete=total("trees_complete", lambda meta: int(meta.finished)),
+            mixed=total("mixed", lambda meta: int(meta.mixed)),
+            budget_promised=bare_promised,
+            rollouts_spent=total("rollouts_spent", lambda meta: meta.bare_leaves),
+            continuations_promised=total("continuations_promised", lambda meta: meta.promised),
+            continuations_spent=total("continuations_spent", lambda meta: meta.cont_leaves),
+            fallback_units=total("fallback_units", lambda meta: meta.fallback),
+        )
+
+
+class Predictions:
+    """POST /v1/predict: Ṽ for histories a client sends (debugging and offline evaluation)."""
+
+    def __init__(self, store: TreeStore, predictor: PredictorRuntime) -> None:
+        self.store = store
+        self.predictor = predictor
+
+    async def predict(self, job: str, histories: Sequence[HistoryIn]) -> PredictResponse:
+        history = await self.store.prompt_outcomes(job, [h.prompt_id for h in histories])
+        featurizer = self.predictor.featurizer
+
+        def encode() -> list[Query]:
+            return [
+                Query(
+                    featurizer.encode(
+                        h.prompt_id,
+                        h.prompt_text or "",
+                        h.prompt_features,
+                        [Turn(turn.text or "", turn.features) for turn in h.turns],
+                    ),
+                    OutcomeCounts(outcomes.successes, outcomes.trials),
+                )
+                for h, outcomes in zip(histories, history, strict=True)
+            ]
+
+        turns = sum(len(h.turns) for h in histories) + len(histories)
+        version, values = await self.predictor.predict(await off_loop(turns, encode))
+        return PredictResponse(predictor_version=version, predictions=[float(x) for x in values])
+
+
+def export_tree(tree: StoredTree, success_threshold: float) -> TreeResponse:
+    """The tree as trainers consume it: per node visits, successes, V̂, Ṽ at decision time, advantage."""
+    meta = tree.meta
+    targets = tree.targets(success_threshold)
+    advantage = advantages(tree.parent_indices(), targets)
+
+    def defined(value: float) -> float | None:
+        return None if np.isnan(value) else float(value)
+
+    return TreeResponse(
+        tree_id=meta.tree_id,
+        prompt_id=meta.prompt_id,
+        job=meta.job,
+        step=meta.step,
+        status=TreeStatus(meta.status),
+        mixed=targets.mixed,
+        rollouts=meta.rollouts,
+        expansion_budget=meta.expansion_budget,
+        value=defined(targets.root_value),
+        nodes=[
+            TreeNode(
+                node_id=node.node_id,
+                parent_id=node.parent_id,
+                depth=int(targets.depth[i]),
+                visits=int(targets.visits[i]),
+                successes=int(targets.successes[i]),
+                value=defined(targets.value[i]),
+                predicted=tree.predictions.get(node.node_id),
+                advantage=defined(advantage[i]),
+                reward=node.reward,
+                instruction_id=node.instruction_id,
+            )
+            for i, node in enumerate(tree.nodes)
+        ],
+    )

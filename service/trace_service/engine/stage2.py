@@ -1,0 +1,163 @@
+"""Stage 2: one round's continuations for one tree, placed by its policy's rule and recorded under the
+round's claim."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from redis.exceptions import RedisError
+
+from trace_proto import Instruction, Policy
+from trace_service.allocation import (
+    dapo_keep,
+    expand_prefixes,
+    random_branching,
+    round_budgets,
+    spread_evenly,
+)
+from trace_service.engine.common import Clock, IntArray, fresh_ids, off_loop
+from trace_service.engine.completion import Completion
+from trace_service.metrics import Metrics
+from trace_service.predictor import OutcomeCounts, Query
+from trace_service.runtime import PredictorRuntime
+from trace_service.settings import Settings
+from trace_service.store import StoredTree, TreeMeta, TreeStore
+from trace_service.tree import prefix_candidates
+
+logger = logging.getLogger(__name__)
+
+#: A Stage 2 round's placement: continuations per candidate node, the candidates' ids, Ṽ at them, the
+#: fallback units among the continuations, and the round's budget share.
+Placement = tuple[IntArray, list[str], dict[str, float], int, int]
+
+#: Stage 2 of each policy: TRACE's greedy, random prefixes (TreePO), or an even spread (uniform family).
+_TRACE_PREFIXES = {Policy.TRACE, Policy.TRACE_PREFIX, Policy.TRACE_PAPER}
+_RANDOM_PREFIXES = {Policy.TREEPO, Policy.TRACE_ROOT}
+
+
+class Stage2:
+    def __init__(
+        self,
+        store: TreeStore,
+        predictor: PredictorRuntime,
+        settings: Settings,
+        metrics: Metrics,
+        completion: Completion,
+        clock: Clock,
+    ) -> None:
+        self.store = store
+        self.predictor = predictor
+        self.settings = settings
+        self.metrics = metrics
+        self.completion = completion
+        self.clock = clock
+        self._rng = np.random.default_rng()
+
+    async def decide(
+        self, tree_id: str, round_: int, token: str, *, inline: bool, tree: StoredTree | None = None
+    ) -> tuple[list[Instruction], bool]:
+        """Run Stage 2 round ``round_`` for one tree under the claim ``token``; record its instructions.
+
+        ``tree`` is the tree as the claim saw it, when the caller has it (else it is loaded).
+        ``inline`` instructions go back to the worker whose events triggered them, so they start leased
+        to it; others are free to claim at once.  A failure here loses nothing: the claim lapses and
+        the sweeper decides the round again.
+        """
+        with self.metrics.stage2_duration.time():
+            tree = tree or await self.store.load_tree(tree_id)
+            if tree is None:
+                return [], False
+            meta = tree.meta
+            try:
+                counts, node_ids, predictions, fallback, share = await self._prefix_counts(tree, round_)
+            except (RedisError, OSError):
+                raise  # the store is down: the claim lapses and the sweeper decides again
+            except Exception:
+                # A decision that cannot be made must not leave the tree waiting for it forever.
+                logger.exception("Stage 2 of tree %s failed; its continuations are spread evenly", tree_id)
+                counts, node_ids, predictions, fallback, share = self._fallback_counts(tree, round_)
+            placed = [(node_ids[i], count) for i, count in enumerate(counts.tolist()) if count > 0]
+            instructions = [
+                Instruction(instruction_id=instruction_id, tree_id=tree_id, node_id=node_id, count=count)
+                for (node_id, count), instruction_id in zip(placed, fresh_ids(len(placed)), strict=True)
+            ]
+            # What this round does not place (no candidate, the caller asked for it back, or every
+            # candidate already mixed) is returned: never promised, never spent twice.
+            returned = share - int(counts.sum())
+            now = self.clock()
+            recorded, completed = await self.store.commit_decision(
+                tree_id,
+                job=meta.job,
+                offered_from=now + self.settings.lease_seconds if inline else now,
+                round=round_,
+                token=token,
+                instructions=[(i.instruction_id, i.node_id, i.count) for i in instructions],
+                predictions=predictions,
+                returned=returned,
+                fallback=fallback,
+                now=now,
+            )
+        if not recorded:  # another replica took the decision over; its instructions stand
+            await self.store.dequeue_instructions(
+                meta.job, [(tree_id, i.instruction_id) for i in instructions]
+            )
+            return [], False
+        label = self.metrics.job_label(meta.job)
+        self.metrics.instructions_issued.labels(label).inc(len(instructions))
+        self.metrics.budget_fallback.labels(label).inc(fallback)
+        self.metrics.budget_unspent.labels(label).inc(returned)
+        if completed:
+            await self.completion.completed(tree_id, meta)
+        return instructions, completed
+
+    def _fallback_counts(self, tree: StoredTree, round_: int) -> Placement:
+        """What :meth:`_prefix_counts` returns when its rule failed: the share spread evenly over the
+        candidates and counted as fallback, or returned (the caller asked for that, or not even the
+        candidates are known)."""
+        share = round_share(tree.meta, round_)
+        nothing: Placement = np.zeros(0, dtype=np.int64), [], {}, 0, share
+        if tree.meta.return_unspent:
+            return nothing
+        try:
+            candidates = prefix_candidates(tree.targets(self.settings.success_threshold))
+        except Exception:
+            logger.exception("tree %s has no readable prefixes; its share is returned", tree.meta.tree_id)
+            return nothing
+        node_ids = [tree.nodes[i].node_id for i in candidates.nodes]
+        counts = spread_evenly(np.ones(len(node_ids), dtype=bool), share)
+        return counts, node_ids, {}, int(counts.sum()), share
+
+    async def _prefix_counts(self, tree: StoredTree, round_: int) -> Placement:
+        """Stage 2 for one round of ``tree``, by its policy's rule."""
+        meta = tree.meta
+        share = round_share(meta, round_)
+        size = len(tree.nodes)
+        threshold = self.settings.success_threshold
+        candidates = await off_loop(size, lambda: prefix_candidates(tree.targets(threshold)))
+        node_ids = [tree.nodes[i].node_id for i in candidates.nodes]
+        if not node_ids or share == 0:
+            return np.zeros(len(node_ids), dtype=np.int64), node_ids, {}, 0, share
+        policy = Policy(meta.policy)
+        if policy in _TRACE_PREFIXES:
+            _, encoded = await off_loop(size, self.predictor.encode_tree, tree, candidates.nodes.tolist())
+            outcomes = OutcomeCounts(*meta.prior_outcomes)
+            _, p = await self.predictor.predict([Query(encoded[node_id], outcomes) for node_id in node_ids])
+            expansion = expand_prefixes(
+                p, candidates.outcome, share, blocked=candidates.blocked, fallback=not meta.return_unspent
+            )
+            predictions = {node_id: float(value) for node_id, value in zip(node_ids, p, strict=True)}
+            return expansion.counts, node_ids, predictions, expansion.fallback_units, share
+        if policy in _RANDOM_PREFIXES:
+            return random_branching(len(node_ids), share, self._rng), node_ids, {}, 0, share
+        if policy is Policy.DAPO and not dapo_keep(meta.bare_successes, meta.bare_leaves):
+            # DAPO filters a group whose rewards all agree out of the batch: no continuations for it,
+            # its share is returned.
+            return np.zeros(len(node_ids), dtype=np.int64), node_ids, {}, 0, share
+        return spread_evenly(np.ones(len(node_ids), dtype=bool), share), node_ids, {}, 0, share
+
+
+def round_share(meta: TreeMeta, round_: int) -> int:
+    """Continuations round ``round_`` may place: its share of the budget, less what is decided."""
+    shares = round_budgets(meta.expansion_budget, meta.rounds)
+    return max(sum(shares[:round_]) - meta.promised - meta.returned, 0)
