@@ -68,6 +68,7 @@ from trace_client.errors import TraceAPIError, TraceError, TraceResponseError
 from trace_proto import (
     AllocateRequest,
     AllocateResponse,
+    EventStatus,
     ExpandEvent,
     ExpandResponse,
     Instruction,
@@ -89,10 +90,6 @@ _FAILURE_TEXT_CHARS: Final = 2_000
 _FETCH_CONCURRENCY: Final = 16
 #: After the deadline, how long the driver still tries to report turns that were already done.
 _FINAL_REPORT_SECONDS: Final = 5.0
-#: Rejections that mean "another worker runs this continuation", not "this tree is broken".
-_STARTED_ELSEWHERE: Final = 409
-#: The rejection of a turn for a tree that is already complete or closed.
-_TREE_FINISHED: Final = 410
 #: Longest pause between two status checks of a tree that waits on the service (the pause doubles
 #: from `poll_interval` while the tree stays open, so a long wait costs the service little).
 _MAX_CHECK_SECONDS: Final = 10.0
@@ -835,9 +832,10 @@ class _Run:
         tree = self.trees.get(event.tree_id)
         if tree is None:
             return
-        if item.status == _TREE_FINISHED:
+        if item.status == EventStatus.TREE_FINISHED:
             self._finish(tree)
-        elif not (event.instruction_id is not None and item.status == _STARTED_ELSEWHERE):
+        elif not (event.instruction_id is not None and item.status == EventStatus.CONFLICT):
+            # A continuation's conflict means another worker runs it, not that the tree is broken.
             tree.broken = True
 
     def _start_instruction(self, instruction: Instruction) -> None:

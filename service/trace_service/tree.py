@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from trace_service.allocation._validate import FloatArray, IntArray
+from trace_service.lifecycle import is_mixed, is_success
 
 ROOT = -1
 
@@ -41,7 +42,7 @@ class TreeTargets:
     @property
     def mixed(self) -> bool:
         """The tree holds both a success leaf and a failure leaf: a contrastive group."""
-        return 0 < self.root_successes < self.root_visits
+        return is_mixed(self.root_successes, self.root_visits)
 
 
 def tree_targets(
@@ -49,7 +50,8 @@ def tree_targets(
 ) -> TreeTargets:
     """Compute depths, visit and success counts and recursive targets ``V̂`` for every node.
 
-    A reward counts as a success when ``reward ≥ success_threshold``.  Iterates over depth levels,
+    A reward counts as a success when ``reward ≥ success_threshold``
+    (:func:`~trace_service.lifecycle.is_success`).  Iterates over depth levels,
     never recursion, so deep trees (depth 50 and more) are fine.
     """
     parents = np.asarray(parent, dtype=np.int64)
@@ -73,7 +75,9 @@ def tree_targets(
         depth[i] = depth[parents[i]] + 1
 
     visits = is_leaf.astype(np.int64)
-    successes = (is_leaf & (np.nan_to_num(rewards, nan=-np.inf) >= success_threshold)).astype(np.int64)
+    successes = (is_leaf & is_success(np.nan_to_num(rewards, nan=-np.inf), success_threshold)).astype(
+        np.int64
+    )
     for level in range(int(depth.max(initial=0)), 1, -1):
         nodes = np.flatnonzero(depth == level)
         np.add.at(visits, parents[nodes], visits[nodes])
@@ -123,8 +127,7 @@ def prefix_candidates(targets: TreeTargets) -> PrefixCandidates:
     nodes = np.flatnonzero(targets.has_children & (targets.visits > 0))
     visits, successes = targets.visits[nodes], targets.successes[nodes]
     outcome = (2 * successes > visits).astype(np.float64)
-    blocked = (successes > 0) & (successes < visits)
-    return PrefixCandidates(nodes, outcome, blocked)
+    return PrefixCandidates(nodes, outcome, blocked=is_mixed(successes, visits))
 
 
 def continuation_flips(
@@ -170,7 +173,7 @@ def continuation_flips(
     agreed = (visits > 0) & ((successes == 0) | (successes == visits))
     leaves, sources = leaves[agreed], sources[agreed]
     observed = bare_targets.successes[sources] > 0
-    outcome = rewards[leaves] >= success_threshold
+    outcome = is_success(rewards[leaves], success_threshold)
     fresh = np.where(observed, 1.0 - predicted_root, predicted_root)
     return int(np.count_nonzero(outcome != observed)), float(fresh.sum())
 

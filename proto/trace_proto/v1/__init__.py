@@ -17,6 +17,7 @@ from trace_proto.v1.allocate import (
 from trace_proto.v1.common import API_VERSION, DEFAULT_JOB, RequestModel, ResponseModel
 from trace_proto.v1.errors import PROBLEM_MEDIA_TYPE, ErrorItem, ErrorResponse
 from trace_proto.v1.events import (
+    EventStatus,
     ExpandEvent,
     ExpandRequest,
     ExpandResponse,
@@ -65,6 +66,7 @@ __all__ = [
     "AllocateResponse",
     "ErrorItem",
     "ErrorResponse",
+    "EventStatus",
     "ExpandEvent",
     "ExpandRequest",
     "ExpandResponse",

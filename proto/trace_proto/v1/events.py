@@ -1,5 +1,6 @@
 """`POST /v1/expand` and `GET /v1/instructions`: finished turns in, branching instructions out."""
 
+from enum import IntEnum
 from typing import Annotated, Self
 
 from pydantic import Field, StrictBool, model_validator
@@ -63,6 +64,18 @@ class ExpandRequest(RequestModel):
     """A batch of finished turns, possibly from many trees."""
 
     events: list[ExpandEvent] = Field(min_length=1, max_length=MAX_EVENTS_PER_REQUEST)
+
+
+class EventStatus(IntEnum):
+    """What the service did with one event of `POST /v1/expand`, as an HTTP-style code: the first two
+    are counted in `accepted` and `duplicates`, the others are a `RejectedEvent`'s `status`."""
+
+    ACCEPTED = 200
+    DUPLICATE = 208  # its event_id, or the very same node, was reported before
+    UNKNOWN_TREE = 404
+    CONFLICT = 409  # unknown parent, a node_id reused with other content, or nothing left to start
+    TREE_FINISHED = 410  # the tree is complete or closed and takes no more turns
+    INVALID = 422  # the event cannot belong to this tree (or this server cannot use its features)
 
 
 class RejectedEvent(ResponseModel):

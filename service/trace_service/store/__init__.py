@@ -5,6 +5,7 @@ from __future__ import annotations
 from trace_service.store.records import (
     AllocationCounts,
     AppliedBatch,
+    CommittedDecision,
     EventOutcome,
     NewTree,
     PromptOutcomes,
@@ -14,15 +15,18 @@ from trace_service.store.records import (
     TreeMeta,
     TreeProgress,
 )
-from trace_service.store.store import RedisClient, TreeStore
+from trace_service.store.runner import RedisClient, ScriptRunner
+from trace_service.store.store import TreeStore
 
 __all__ = [
     "AllocationCounts",
     "AppliedBatch",
+    "CommittedDecision",
     "EventOutcome",
     "NewTree",
     "PromptOutcomes",
     "RedisClient",
+    "ScriptRunner",
     "StoredInstruction",
     "StoredNode",
     "StoredTree",

@@ -5,9 +5,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import orjson
 
+from trace_service.lifecycle import FINISHED, EventStatus, TreeStatus, is_mixed
+from trace_service.store.runner import pairs
 from trace_service.tree import ROOT, TreeTargets, continuation_flips, tree_targets
 
 
@@ -50,7 +53,7 @@ class NewTree:
             "spec", orjson.dumps(spec).decode(),
             "prompt", self.prompt_text,
             "job", self.job,
-            "status", "collecting",
+            "status", TreeStatus.COLLECTING.value,
             "rollouts", str(self.rollouts),
             "expansion_budget", str(self.expansion_budget),
             "rounds", str(self.rounds),
@@ -85,7 +88,7 @@ class TreeMeta:
     predicted_success: float
     return_unspent: bool
     prior_outcomes: tuple[int, int]
-    status: str
+    status: TreeStatus
     bare_started: int
     bare_leaves: int
     bare_successes: int
@@ -104,11 +107,11 @@ class TreeMeta:
 
     @property
     def mixed(self) -> bool:
-        return 0 < self.successes < self.leaves
+        return is_mixed(self.successes, self.leaves)
 
     @property
     def finished(self) -> bool:
-        return self.status in ("complete", "closed")
+        return self.status in FINISHED
 
     @classmethod
     def from_hash(cls, tree_id: str, raw: Mapping[str, str | None]) -> TreeMeta:
@@ -129,7 +132,7 @@ class TreeMeta:
             policy=spec["policy"],
             predicted_success=float(spec["predicted"]),
             return_unspent=bool(spec["return_unspent"]),
-            status=_present(raw, "status"),
+            status=TreeStatus(_present(raw, "status")),
             created_at=float(spec["created_at"]),
             finished_at=float(raw.get("finished_at") or 0),
             **counters,
@@ -148,13 +151,13 @@ class TreeProgress:
     """The three fields that say whether a tree needs the sweeper: it is finished, or a Stage 2 claim
     (``decision_round`` > 0) lapsed at ``decision_until``."""
 
-    status: str
+    status: TreeStatus
     decision_round: int
     decision_until: float
 
     @property
     def finished(self) -> bool:
-        return self.status in ("complete", "closed")
+        return self.status in FINISHED
 
     def claim_lapsed(self, now: float) -> bool:
         return not self.finished and self.decision_round > 0 and self.decision_until <= now
@@ -227,6 +230,29 @@ class StoredTree:
     instructions: dict[str, StoredInstruction] = field(default_factory=dict)
     predictions: dict[str, float] = field(default_factory=dict)
 
+    @classmethod
+    def from_hashes(
+        cls, tree_id: str, meta: list[Any], nodes: list[Any], instructions: list[Any], predictions: list[Any]
+    ) -> StoredTree | None:
+        """A tree from its four hashes as flat field/value lists (what the scripts return); None when
+        the tree does not exist."""
+        if not meta:
+            return None
+        header = pairs(meta)
+        # Trees written before the prompt text had a field of its own keep it in their spec.
+        prompt_text = header["prompt"] if "prompt" in header else orjson.loads(header["spec"]).get("text", "")
+        parsed = [StoredNode.from_json(node_id, raw) for node_id, raw in pairs(nodes).items()]
+        parsed.sort(key=lambda node: (node.depth, node.reported_at, node.node_id))
+        return cls(
+            meta=TreeMeta.from_hash(tree_id, header),
+            prompt_text=prompt_text,
+            nodes=parsed,
+            instructions={
+                key: StoredInstruction.from_json(key, raw) for key, raw in pairs(instructions).items()
+            },
+            predictions={key: float(value) for key, value in pairs(predictions).items()},
+        )
+
     def parent_indices(self) -> list[int]:
         """Each node's parent as an index into ``nodes`` (``ROOT`` for a turn that starts from the prompt)."""
         index = {node.node_id: i for i, node in enumerate(self.nodes)}
@@ -253,25 +279,26 @@ class StoredTree:
 
 @dataclass(frozen=True)
 class EventOutcome:
-    """What happened to one event: 200 accepted, 208 duplicate, else an HTTP-style error class."""
+    """What happened to one event (``message`` says why it was not accepted)."""
 
-    code: int
+    code: int  # an EventStatus (typed as one once the engine reads it so)
     message: str
 
 
 @dataclass(frozen=True)
 class AppliedBatch:
-    """The result of applying one tree's events.
+    """The result of applying one tree's events (``apply_events.lua``).
 
     ``decision_round`` > 0 hands the caller the claim (``token``) on that Stage 2 round, and ``tree`` the
     tree as that decision must see it; ``completed`` is true for exactly the one batch that completed
     the tree, which also gets its header (``meta``); ``fully_started`` lists the instructions whose
-    continuations have now all started (they leave the claim queue).
+    continuations have now all started (they leave the claim queue).  ``status`` is None (and every
+    outcome ``UNKNOWN_TREE``) for a tree that does not exist.
     """
 
     outcomes: list[EventOutcome]
     job: str
-    status: str
+    status: TreeStatus | None
     decision_round: int
     token: str
     completed: bool
@@ -280,6 +307,46 @@ class AppliedBatch:
     new_continuation_leaves: int
     tree: StoredTree | None = None
     meta: TreeMeta | None = None
+
+    @classmethod
+    def from_reply(cls, tree_id: str, reply: list[Any]) -> AppliedBatch:
+        """From the script's reply: a JSON summary, then what the summary announces (the tree's four
+        hashes with a decision, its meta hash on completion)."""
+        summary = orjson.loads(reply[0])
+        decision, completed = int(summary["decision"]), bool(summary["completed"])
+        attached = reply[1:]
+        expected = 4 if decision else 1 if completed else 0
+        if len(attached) != expected:
+            raise ValueError(
+                f"the reply carries {len(attached)} hashes where its summary announces {expected}"
+            )
+        return cls(
+            outcomes=[EventOutcome(EventStatus(code), str(message)) for code, message in summary["results"]],
+            job=summary["job"],
+            status=TreeStatus(summary["status"]) if summary["status"] else None,
+            decision_round=decision,
+            token=summary["token"],
+            completed=completed,
+            # cjson writes an empty table as {}: no instruction became fully started.
+            fully_started=list(summary["started"]) if isinstance(summary["started"], list) else [],
+            new_bare_leaves=int(summary["bare_leaves"]),
+            new_continuation_leaves=int(summary["cont_leaves"]),
+            tree=StoredTree.from_hashes(tree_id, *attached) if decision else None,
+            meta=TreeMeta.from_hash(tree_id, pairs(attached[0])) if completed else None,
+        )
+
+
+class CommittedDecision(NamedTuple):
+    """The result of recording a Stage 2 decision (``commit_decision.lua``): whether the caller's claim
+    still held (else nothing was recorded), and whether the decision completed the tree."""
+
+    recorded: bool
+    completed: bool
+
+    @classmethod
+    def from_reply(cls, reply: str | bytes) -> CommittedDecision:
+        result = orjson.loads(reply)
+        return cls(recorded=bool(result["ok"]), completed=bool(result["completed"]))
 
 
 @dataclass(frozen=True)

@@ -1,65 +1,40 @@
-"""The tree store: all tree state, on Redis (production) or on an in-process Redis (embedded default).
+"""The tree store's domain operations: all tree state, on Redis (production) or on an in-process Redis
+(embedded default).
 
 Operations that must be atomic — inserting a node with its parent and idempotency checks, counting
 leaves, the budget and instruction bookkeeping, claims on Stage 2 decisions, leases — are Lua scripts
-(``scripts/``) over keys that share one hash tag, so they run unchanged on Redis Cluster.  The embedded
-store is the same code over ``fakeredis`` (with its Lua engine): one implementation, one contract.
+(``scripts/``, run by :class:`~trace_service.store.runner.ScriptRunner`) over keys that share one hash
+tag, so they run unchanged on Redis Cluster.  The embedded store is the same code over ``fakeredis``
+(with its Lua engine): one implementation, one contract.
 """
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Mapping, Sequence
-from importlib import resources
 from typing import Any
 
 import orjson
-from redis.asyncio import Redis
-from redis.asyncio.cluster import RedisCluster
-from redis.commands.core import AsyncScript
-from redis.exceptions import DataError, NoScriptError, RedisError
+from redis.exceptions import DataError
 
 from trace_proto import ExpandEvent
 from trace_proto.v1.limits import MAX_TURNS_PER_HISTORY
+from trace_service.lifecycle import TreeStatus
 from trace_service.store.keys import KeySpace
 from trace_service.store.records import (
     AllocationCounts,
     AppliedBatch,
-    EventOutcome,
+    CommittedDecision,
     NewTree,
     PromptOutcomes,
-    StoredInstruction,
-    StoredNode,
     StoredTree,
     TreeMeta,
     TreeProgress,
 )
+from trace_service.store.runner import RedisClient, ScriptCall, ScriptRunner, text
 
-RedisClient = Redis | RedisCluster
 #: Trees one create_trees.lua call makes on a single Redis node (bounds the script's run time).
 _TREES_PER_CREATE = 512
-#: Script calls in flight at once when a Cluster cannot pipeline them.
-_CLUSTER_FANOUT = 64
-#: Command arguments one write_expire.lua call passes on (Lua's unpack() fails beyond ~8,000).
-_ARGS_PER_WRITE = 4_000
-_SCRIPTS = (
-    "create_trees",
-    "apply_events",
-    "commit_decision",
-    "take_over_decision",
-    "close_tree",
-    "claim_instructions",
-    "record_outcome",
-    "write_expire",
-    "tree_progress",
-    "load_tree",
-    "push_completed",
-)
-
-
-def _script_source(name: str) -> str:
-    return resources.files("trace_service.store").joinpath("scripts", f"{name}.lua").read_text()
 
 
 def _event_row(event: ExpandEvent) -> list[Any]:
@@ -90,77 +65,17 @@ class TreeStore:
         idempotency_ttl: int = 24 * 3600,
     ) -> None:
         self.redis = redis
+        self.scripts = ScriptRunner(redis)
         self.keys = KeySpace(prefix)
         self.tree_ttl = tree_ttl
         self.job_ttl = job_ttl
         self.idempotency_ttl = idempotency_ttl
-        self._scripts: dict[str, AsyncScript] = {
-            name: redis.register_script(_script_source(name)) for name in _SCRIPTS
-        }
 
     async def ping(self) -> bool:
         return bool(await self.redis.ping())
 
     async def aclose(self) -> None:
         await self.redis.aclose()
-
-    async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        return await self._scripts[name](keys=list(keys), args=list(args))
-
-    async def _write(self, key: str, ttl: int, command: str, *args: Any) -> Any:
-        """One write command and the key's expiry, atomically (``write_expire.lua``)."""
-        return await self._run("write_expire", [key], [ttl, command, *args])
-
-    @staticmethod
-    def _write_calls(
-        key: str, ttl: int, command: str, args: Sequence[Any], stride: int = 1
-    ) -> list[tuple[str, list[str], list[Any]]]:
-        """A variadic write (SADD, ZADD, HSET) as write_expire.lua calls of a bounded size each;
-        ``stride`` arguments make one item (2 for a ZADD's score and member)."""
-        size = _ARGS_PER_WRITE - _ARGS_PER_WRITE % stride
-        return [
-            ("write_expire", [key], [ttl, command, *args[start : start + size]])
-            for start in range(0, len(args), size)
-        ]
-
-    async def _run_many(
-        self, calls: Sequence[tuple[str, list[str], list[Any]]], *, ordered: bool = False
-    ) -> list[Any]:
-        """Several script calls and their results (raises the first failure).  ``ordered`` calls run
-        one after another (each retried on its own if Redis lost its scripts, so none can run twice);
-        unordered ones as :meth:`_run_each`."""
-        if ordered:
-            return [await self._run(*call) for call in calls]
-        results = await self._run_each(calls)
-        for result in results:
-            if isinstance(result, Exception):
-                raise result
-        return results
-
-    async def _run_each(self, calls: Sequence[tuple[str, list[str], list[Any]]]) -> list[Any]:
-        """Independent script calls, each with its result or the exception it raised.  One pipeline on a
-        single Redis; the calls that find their script gone (Redis restarted) did not run and run again
-        on their own.  On a Cluster, whose pipelines refuse scripts, they run concurrently (each call
-        still touches one slot)."""
-        if isinstance(self.redis, RedisCluster):
-            results: list[Any] = []
-            for start in range(0, len(calls), _CLUSTER_FANOUT):
-                chunk = calls[start : start + _CLUSTER_FANOUT]
-                results.extend(
-                    await asyncio.gather(*(self._run(*call) for call in chunk), return_exceptions=True)
-                )
-            return results
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for name, keys, args in calls:
-                pipe.execute_command("EVALSHA", self._scripts[name].sha, len(keys), *keys, *args)
-            results = list(await pipe.execute(raise_on_error=False))
-        for index, result in enumerate(results):
-            if isinstance(result, NoScriptError):
-                try:
-                    results[index] = await self._run(*calls[index])  # loads the script, then runs it
-                except RedisError as error:
-                    results[index] = error
-        return results
 
     # --- allocation ---------------------------------------------------------------------------------
 
@@ -170,18 +85,18 @@ class TreeStore:
         is one script call (thousands of small calls cost most of /v1/allocate); a Cluster gets one call
         per tree, since a script's keys must share a slot there."""
         rows = [(self.keys.tree(tree.tree_id).meta, tree.hash_fields(now)) for tree in trees]
-        chunk = 1 if isinstance(self.redis, RedisCluster) else _TREES_PER_CREATE
+        chunk = _TREES_PER_CREATE if self.scripts.spans_slots else 1
         calls = []
         for start in range(0, len(rows), chunk):
             part = rows[start : start + chunk]
             calls.append(
-                (
+                ScriptCall(
                     "create_trees",
                     [key for key, _ in part],
                     [self.tree_ttl, orjson.dumps([fields for _, fields in part])],
                 )
             )
-        await self._run_many(calls)
+        await self.scripts.run_all(calls)
 
     async def index_allocation(
         self,
@@ -198,26 +113,22 @@ class TreeStore:
         The trees first, in bounded chunks; the step, which makes job stats count them, only once every
         tree is listed, so a failure part-way leaves nothing that stats count (a retry completes it)."""
         ttl, step_info = self.job_ttl, f"{step}:{allocation_id}"
-        await self._run_many(
-            self._write_calls(self.keys.step_trees(job, step), ttl, "SADD", tree_ids)
-            + self._write_calls(self.keys.open_trees(job), ttl, "SADD", tree_ids)
+        writes = ScriptRunner.writes
+        await self.scripts.run_all(
+            writes(self.keys.step_trees(job, step), ttl, "SADD", tree_ids)
+            + writes(self.keys.open_trees(job), ttl, "SADD", tree_ids)
         )
-        await self._run_many(
-            [
-                ("write_expire", [self.keys.steps(job)], [ttl, "ZADD", step, step]),
-                (
-                    "write_expire",
-                    [self.keys.steps_info(job)],
-                    [ttl, "HSET", step_info, f"{prompts},{len(tree_ids)},{bare_promised}"],
-                ),
-                ("write_expire", [self.keys.jobs], [ttl, "ZADD", now, job]),
-            ]
+        counts = f"{prompts},{len(tree_ids)},{bare_promised}"
+        await self.scripts.run_all(
+            writes(self.keys.steps(job), ttl, "ZADD", [step, step])
+            + writes(self.keys.steps_info(job), ttl, "HSET", [step_info, counts])
+            + writes(self.keys.jobs, ttl, "ZADD", [now, job])
         )
 
     async def recall_response(self, job: str, key: str) -> tuple[str, str] | None:
         """The (request fingerprint, response) remembered under an idempotency key."""
         value = await self.redis.get(self.keys.idempotency(job, key))
-        return None if value is None else _remembered(_text(value))
+        return None if value is None else _remembered(text(value))
 
     async def remember_response(self, job: str, key: str, fingerprint: str, body: str) -> tuple[str, str]:
         """Store a response and the fingerprint of its request under an idempotency key; if another
@@ -226,14 +137,14 @@ class TreeStore:
         if await self.redis.set(redis_key, f"{fingerprint} {body}", nx=True, ex=self.idempotency_ttl):
             return fingerprint, body
         winner = await self.redis.get(redis_key)
-        return (fingerprint, body) if winner is None else _remembered(_text(winner))
+        return (fingerprint, body) if winner is None else _remembered(text(winner))
 
     async def prompt_outcomes(self, job: str, prompt_ids: Sequence[str]) -> list[PromptOutcomes]:
         """Each prompt's bare-rollout outcomes over earlier steps of the job."""
         if not prompt_ids:
             return []
         raw = await self.redis.hmget(self.keys.prompt_outcomes(job), list(prompt_ids))
-        return [PromptOutcomes.parse(_text(value)) if value else PromptOutcomes() for value in raw]
+        return [PromptOutcomes.parse(text(value)) if value else PromptOutcomes() for value in raw]
 
     async def record_prompt_outcome(self, meta: TreeMeta) -> bool:
         """Count a finished tree once (a repeat is a no-op): its bare-rollout group joins its prompt's
@@ -249,9 +160,8 @@ class TreeStore:
             "fallback_units": meta.fallback,
         }
         args = [meta.prompt_id, meta.bare_successes, meta.bare_leaves, self.job_ttl, meta.tree_id, meta.step]
-        return bool(
-            await self._run("record_outcome", keys, [*args, *(x for f in figures.items() for x in f)])
-        )
+        figure_args = [x for figure in figures.items() for x in figure]
+        return bool(await self.scripts.run(ScriptCall("record_outcome", keys, [*args, *figure_args])))
 
     async def step_allocations(self, job: str) -> dict[int, list[AllocationCounts]]:
         """The counts of each allocation made, by step."""
@@ -293,7 +203,7 @@ class TreeStore:
         for tree_id, events in batches:
             keys = self.keys.tree(tree_id)
             calls.append(
-                (
+                ScriptCall(
                     "apply_events",
                     [keys.meta, keys.nodes, keys.events, keys.instructions, keys.predictions],
                     [
@@ -307,8 +217,8 @@ class TreeStore:
                     ],
                 )
             )
-        results = await self._run_each(calls)
-        return [_applied(tree_id, raw) for (tree_id, _), raw in zip(batches, results, strict=True)]
+        results = await self.scripts.run_each(calls)
+        return [_applied(tree_id, reply) for (tree_id, _), reply in zip(batches, results, strict=True)]
 
     async def commit_decision(
         self,
@@ -323,15 +233,14 @@ class TreeStore:
         returned: int,
         fallback: int,
         now: float,
-    ) -> tuple[bool, bool]:
+    ) -> CommittedDecision:
         """Offer the instructions ``(instruction_id, node_id, count)`` in the job's claim queue from
         ``offered_from`` on, then record the decision if the claim still holds.  Offered before
         recorded, so that no failure in between can strand them (an offer whose record never happened
-        is dropped when claimed).  Returns (recorded, tree
-        completed by it)."""
+        is dropped when claimed)."""
         keys = self.keys.tree(tree_id)
         offer = self._offer_calls(job, tree_id, {item[0]: offered_from for item in instructions})
-        commit = (
+        commit = ScriptCall(
             "commit_decision",
             [keys.meta, keys.instructions, keys.predictions],
             [
@@ -345,24 +254,25 @@ class TreeStore:
                 self.tree_ttl,
             ],
         )
-        results = await self._run_many([*offer, commit], ordered=True)
-        result = orjson.loads(results[-1])
-        return bool(result["ok"]), bool(result["completed"])
+        results = await self.scripts.run_all([*offer, commit], ordered=True)
+        return CommittedDecision.from_reply(results[-1])
 
     async def take_over_decision(self, tree_id: str, *, now: float, lease: float) -> tuple[int, str]:
+        """Claim a Stage 2 decision whose claim lapsed: (the round now this caller's, or 0; its token)."""
         token = uuid.uuid4().hex
-        round_ = int(
-            await self._run("take_over_decision", [self.keys.tree(tree_id).meta], [now, lease, token])
-        )
-        return round_, token
+        call = ScriptCall("take_over_decision", [self.keys.tree(tree_id).meta], [now, lease, token])
+        return int(await self.scripts.run(call)), token
 
-    async def close_tree(self, tree_id: str, now: float) -> str:
-        return _text(await self._run("close_tree", [self.keys.tree(tree_id).meta], [now, self.tree_ttl]))
+    async def close_tree(self, tree_id: str, now: float) -> TreeStatus | None:
+        """Close an unfinished tree; returns its status before (None: no such tree)."""
+        call = ScriptCall("close_tree", [self.keys.tree(tree_id).meta], [now, self.tree_ttl])
+        before = text(await self.scripts.run(call))
+        return TreeStatus(before) if before else None
 
     # --- reading trees -----------------------------------------------------------------------------
 
     async def load_metas(self, tree_ids: Sequence[str]) -> list[TreeMeta | None]:
-        rows = await self._read_fields(tree_ids, TreeMeta.FIELDS)
+        rows = await self.scripts.read_fields([self.keys.tree(t).meta for t in tree_ids], TreeMeta.FIELDS)
         return [
             TreeMeta.from_hash(tree_id, dict(zip(TreeMeta.FIELDS, row, strict=True))) if row[0] else None
             for tree_id, row in zip(tree_ids, rows, strict=True)
@@ -371,44 +281,31 @@ class TreeStore:
     async def progress(self, tree_ids: Sequence[str]) -> list[TreeProgress | None]:
         """Where each tree stands (three fields): what the sweeper checks every open tree for.  One
         script call on a single Redis; a pipeline on a Cluster, whose scripts cannot span trees."""
-        if isinstance(self.redis, RedisCluster):
-            rows = await self._read_fields(tree_ids, ("status", "decision_round", "decision_until"))
+        metas = [self.keys.tree(tree_id).meta for tree_id in tree_ids]
+        if self.scripts.spans_slots:
+            flat = await self.scripts.run(ScriptCall("tree_progress", metas, []))
+            rows = [[text(value) or None for value in flat[i : i + 3]] for i in range(0, len(flat), 3)]
         else:
-            flat = await self._run(
-                "tree_progress", [self.keys.tree(tree_id).meta for tree_id in tree_ids], []
-            )
-            rows = [[_text(value) or None for value in flat[i : i + 3]] for i in range(0, len(flat), 3)]
+            rows = await self.scripts.read_fields(metas, ("status", "decision_round", "decision_until"))
         return [
-            TreeProgress(status, int(round_ or 0), float(until or 0)) if status else None
+            TreeProgress(TreeStatus(status), int(round_ or 0), float(until or 0)) if status else None
             for status, round_, until in rows
         ]
 
-    async def _read_fields(self, tree_ids: Sequence[str], fields: Sequence[str]) -> list[list[str | None]]:
-        """The given fields of each tree's meta hash (``None`` where absent), in one pipeline."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for tree_id in tree_ids:
-                pipe.hmget(self.keys.tree(tree_id).meta, list(fields))
-            rows = await pipe.execute()
-        return [[None if value is None else _text(value) for value in row] for row in rows]
-
     async def load_tree(self, tree_id: str) -> StoredTree | None:
         keys = self.keys.tree(tree_id)
-        hashes = await self._run(
-            "load_tree", [keys.meta, keys.nodes, keys.instructions, keys.predictions], []
-        )
-        return _stored_tree(tree_id, *hashes)
+        call = ScriptCall("load_tree", [keys.meta, keys.nodes, keys.instructions, keys.predictions], [])
+        return StoredTree.from_hashes(tree_id, *await self.scripts.run(call))
 
     async def jobs(self) -> list[str]:
-        return [_text(job) for job in await self.redis.zrange(self.keys.jobs, 0, -1)]
+        return [text(job) for job in await self.redis.zrange(self.keys.jobs, 0, -1)]
 
     async def steps(self, job: str, last: int) -> list[int]:
         raw = await self.redis.zrange(self.keys.steps(job), -last, -1)
-        return [int(_text(step)) for step in raw]
+        return [int(text(step)) for step in raw]
 
     async def step_tree_ids(self, job: str, step: int) -> list[str]:
-        return sorted(
-            _text(tree_id) for tree_id in await self.redis.smembers(self.keys.step_trees(job, step))
-        )
+        return sorted(text(tree_id) for tree_id in await self.redis.smembers(self.keys.step_trees(job, step)))
 
     # --- open trees (the sweeper's work list) ------------------------------------------------------
 
@@ -416,7 +313,7 @@ class TreeStore:
         """One page of the job's open trees (``SSCAN``): the cursor to continue from (0 once the
         whole set has been seen) and about ``count`` tree ids."""
         cursor, members = await self.redis.sscan(self.keys.open_trees(job), cursor, count=count)
-        return int(cursor), [_text(tree_id) for tree_id in members]
+        return int(cursor), [text(tree_id) for tree_id in members]
 
     async def forget_open(self, job: str, tree_id: str) -> None:
         await self.redis.srem(self.keys.open_trees(job), tree_id)
@@ -425,13 +322,11 @@ class TreeStore:
 
     async def queue_instructions(self, job: str, tree_id: str, free_at: Mapping[str, float]) -> None:
         """Offer instructions for claiming, each from the given time on."""
-        await self._run_many(self._offer_calls(job, tree_id, free_at))
+        await self.scripts.run_all(self._offer_calls(job, tree_id, free_at))
 
-    def _offer_calls(
-        self, job: str, tree_id: str, free_at: Mapping[str, float]
-    ) -> list[tuple[str, list[str], list[Any]]]:
+    def _offer_calls(self, job: str, tree_id: str, free_at: Mapping[str, float]) -> list[ScriptCall]:
         members = [item for instruction, at in free_at.items() for item in (at, f"{tree_id}|{instruction}")]
-        return self._write_calls(self.keys.instruction_queue(job), self.job_ttl, "ZADD", members, stride=2)
+        return ScriptRunner.writes(self.keys.instruction_queue(job), self.job_ttl, "ZADD", members, stride=2)
 
     async def dequeue_instructions(self, job: str, entries: Sequence[tuple[str, str]]) -> None:
         if entries:
@@ -441,12 +336,13 @@ class TreeStore:
         self, job: str, *, max_items: int, lease: float, now: float
     ) -> list[tuple[str, str, float]]:
         """Lease queued instructions: (tree_id, instruction_id, when the previous offer or lease ended)."""
-        raw = await self._run(
-            "claim_instructions", [self.keys.instruction_queue(job)], [now, lease, max_items, self.job_ttl]
+        queue = self.keys.instruction_queue(job)
+        raw = await self.scripts.run(
+            ScriptCall("claim_instructions", [queue], [now, lease, max_items, self.job_ttl])
         )
         claimed = []
         for member, score in zip(raw[::2], raw[1::2], strict=True):
-            tree_id, instruction_id = _text(member).split("|", 1)
+            tree_id, instruction_id = text(member).split("|", 1)
             claimed.append((tree_id, instruction_id, float(score)))
         return claimed
 
@@ -457,14 +353,17 @@ class TreeStore:
 
     async def push_completed(self, tree_id: str, cap: int = 100_000) -> None:
         """Queue a completed tree for predictor training (the newest ``cap`` are kept)."""
-        await self._run("push_completed", [self.keys.completed_trees], [tree_id, cap, self.job_ttl])
+        await self.scripts.run(
+            ScriptCall("push_completed", [self.keys.completed_trees], [tree_id, cap, self.job_ttl])
+        )
 
     async def pop_completed(self, count: int) -> list[str]:
         raw = await self.redis.rpop(self.keys.completed_trees, count)
-        return [_text(item) for item in raw or []]
+        return [text(item) for item in raw or []]
 
     async def publish_weights(self, version: int, blob: bytes) -> None:
-        await self._write(self.keys.weights, self.job_ttl, "HSET", "version", version, "blob", blob)
+        fields = ["version", version, "blob", blob]
+        await self.scripts.run_all(ScriptRunner.writes(self.keys.weights, self.job_ttl, "HSET", fields))
 
     async def weights_version(self) -> int:
         value = await self.redis.hget(self.keys.weights, "version")
@@ -482,61 +381,20 @@ class TreeStore:
         if await self.redis.set(key, owner, nx=True, px=int(ttl * 1000)):
             return True
         holder = await self.redis.get(key)
-        if holder is not None and _text(holder) == owner:
+        if holder is not None and text(holder) == owner:
             await self.redis.pexpire(key, int(ttl * 1000))
             return True
         return False
 
 
-def _applied(tree_id: str, raw: list[Any] | Exception) -> AppliedBatch | Exception:
+def _applied(tree_id: str, reply: list[Any] | Exception) -> AppliedBatch | Exception:
     """What apply_events.lua returned for one tree, or why that failed."""
-    if isinstance(raw, Exception):
-        return raw
+    if isinstance(reply, Exception):
+        return reply
     try:
-        return _parse_applied(tree_id, raw)
+        return AppliedBatch.from_reply(tree_id, reply)
     except (KeyError, ValueError, TypeError, IndexError) as error:  # a damaged tree fails alone
         return DataError(f"tree {tree_id!r}: unreadable store reply: {error!r}")
-
-
-def _parse_applied(tree_id: str, raw: list[Any]) -> AppliedBatch:
-    result = orjson.loads(raw[0])
-    return AppliedBatch(
-        outcomes=[EventOutcome(int(code), str(message)) for code, message in result["results"]],
-        job=result["job"],
-        status=result["status"],
-        decision_round=int(result["decision"]),
-        token=result["token"],
-        completed=bool(result["completed"]),
-        # cjson writes an empty table as {}: no instruction became fully started.
-        fully_started=list(result["started"]) if isinstance(result["started"], list) else [],
-        new_bare_leaves=int(result["bare_leaves"]),
-        new_continuation_leaves=int(result["cont_leaves"]),
-        tree=_stored_tree(tree_id, *raw[1:]) if len(raw) == 5 else None,
-        meta=TreeMeta.from_hash(tree_id, _pairs(raw[1])) if len(raw) == 2 else None,
-    )
-
-
-def _stored_tree(
-    tree_id: str, meta: list[Any], nodes: list[Any], instructions: list[Any], predictions: list[Any]
-) -> StoredTree | None:
-    """A tree from its four hashes as flat field/value lists (what the scripts return); None when the
-    tree does not exist."""
-    if not meta:
-        return None
-    header = _pairs(meta)
-    # Trees written before the prompt text had a field of its own keep it in their spec.
-    prompt_text = header["prompt"] if "prompt" in header else orjson.loads(header["spec"]).get("text", "")
-    parsed = [StoredNode.from_json(node_id, raw) for node_id, raw in _pairs(nodes).items()]
-    parsed.sort(key=lambda node: (node.depth, node.reported_at, node.node_id))
-    return StoredTree(
-        meta=TreeMeta.from_hash(tree_id, header),
-        prompt_text=prompt_text,
-        nodes=parsed,
-        instructions={
-            key: StoredInstruction.from_json(key, raw) for key, raw in _pairs(instructions).items()
-        },
-        predictions={key: float(value) for key, value in _pairs(predictions).items()},
-    )
 
 
 def _remembered(value: str) -> tuple[str, str]:
@@ -547,13 +405,5 @@ def _remembered(value: str) -> tuple[str, str]:
     return fingerprint, body
 
 
-def _pairs(flat: list[Any]) -> dict[str, str]:
-    return {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _decoded(row: Mapping[Any, Any]) -> dict[str, str]:
-    return {_text(key): _text(value) for key, value in row.items()}
+    return {text(key): text(value) for key, value in row.items()}

@@ -3,12 +3,12 @@
 -- ARGV: events (JSON list of [event_id, node_id, parent_id, text, features, done, reward, instruction_id];
 --       "" stands for absent), now (seconds), ttl (seconds), success threshold, decision lease (seconds),
 --       a fresh token naming this caller's claim on a Stage 2 decision, the most turns of one rollout
--- Returns {summary}; {summary, meta, nodes, instructions, predictions} when this caller claims a
--- Stage 2 decision (the tree as the decision must see it, as flat field/value lists, which saves the
--- claimant a round trip); {summary, meta} when this batch completed the tree (for its accounting).  summary is JSON {results = [[code, message], ...], job, status, decision
--- (round this caller must decide, or 0), token, completed (0/1), started = [instruction ids that became
--- fully started], bare_leaves, cont_leaves (leaves this batch added)}
--- Codes: 200 accepted, 208 duplicate, 404 unknown tree, 409 conflict, 410 tree finished, 422 invalid.
+-- Returns {summary, ...}: summary is JSON {results = [[code, message], ...] (codes: RESULT), job,
+-- status, decision (round this caller must decide, or 0), token, completed (0/1), started = [instruction
+-- ids that became fully started], bare_leaves, cont_leaves (leaves this batch added)}.  What follows it
+-- is what the summary announces: with a decision, the tree as that decision must see it (meta, nodes,
+-- instructions, predictions as flat field/value lists, which saves the claimant a round trip); with
+-- completed = 1, the meta hash (for its accounting); otherwise nothing.
 local meta_key, nodes_key, events_key, instr_key, pred_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local events = cjson.decode(ARGV[1])
 local now, ttl, threshold, lease = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -16,7 +16,7 @@ local claim_token, max_depth = ARGV[6], tonumber(ARGV[7])
 
 local results, started = {}, {}
 if redis.call('EXISTS', meta_key) == 0 then
-  for i = 1, #events do results[i] = {404, 'unknown tree'} end
+  for i = 1, #events do results[i] = {RESULT.UNKNOWN_TREE, 'unknown tree'} end
   return {cjson.encode({results = results, job = '', status = '', decision = 0, token = '', completed = 0,
                         started = started, bare_leaves = 0, cont_leaves = 0})}
 end
@@ -58,49 +58,49 @@ for i = 1, #events do
   local signature = parent_id .. '\31' .. tostring(done) .. '\31' .. reward .. '\31' .. instruction_id
   local existing = load_node(node_id)
   if redis.call('SISMEMBER', events_key, event_id) == 1 then
-    results[i] = {208, 'duplicate event'}
+    results[i] = {RESULT.DUPLICATE, 'duplicate event'}
   elseif existing then
     if existing.sig == signature and existing.t == text and existing.f == features then
       redis.call('SADD', events_key, event_id)
-      results[i] = {208, 'node ' .. node_id .. ' was already reported'}
+      results[i] = {RESULT.DUPLICATE, 'node ' .. node_id .. ' was already reported'}
     else
-      results[i] = {409, 'node_id ' .. node_id .. ' was already reported with different content'}
+      results[i] = {RESULT.CONFLICT, 'node_id ' .. node_id .. ' was already reported with different content'}
     end
-  elseif status == 'complete' or status == 'closed' then
-    results[i] = {410, 'tree is ' .. status .. ' and takes no more turns'}
+  elseif is_finished(status) then
+    results[i] = {RESULT.TREE_FINISHED, 'tree is ' .. status .. ' and takes no more turns'}
   else
     local parent, instruction, origin, depth = false, false, '', 1
-    local code, message = 200, ''
+    local code, message = RESULT.ACCEPTED, ''
     if parent_id == '' then
       if instruction_id ~= '' then
-        code, message = 422, 'a continuation starts from its instruction node, not from the prompt'
+        code, message = RESULT.INVALID, 'a continuation starts from its instruction node, not from the prompt'
       elseif counters.bare_started >= rollouts then
-        code, message = 409, 'all ' .. rollouts .. ' bare rollouts of this tree have already started'
+        code, message = RESULT.CONFLICT, 'all ' .. rollouts .. ' bare rollouts of this tree have already started'
       end
     else
       parent = load_node(parent_id)
       if not parent then
-        code, message = 409, 'unknown parent ' .. parent_id .. ' (report a parent before its child)'
+        code, message = RESULT.CONFLICT, 'unknown parent ' .. parent_id .. ' (report a parent before its child)'
       elseif parent.done then
-        code, message = 422, 'parent ' .. parent_id .. ' ended its rollout and cannot have children'
+        code, message = RESULT.INVALID, 'parent ' .. parent_id .. ' ended its rollout and cannot have children'
       elseif parent.d + 1 >= max_depth and not done then
         -- Refused, not cut: the worker can still end the rollout here, so its tree can finish.
-        code, message = 422, 'a rollout has at most ' .. max_depth .. ' turns: turn ' .. max_depth ..
+        code, message = RESULT.INVALID, 'a rollout has at most ' .. max_depth .. ' turns: turn ' .. max_depth ..
                              ' must end it (done=true with its reward)'
       elseif instruction_id ~= '' then
         instruction = load_instruction(instruction_id)
         if not instruction then
-          code, message = 422, 'unknown instruction ' .. instruction_id
+          code, message = RESULT.INVALID, 'unknown instruction ' .. instruction_id
         elseif instruction.node ~= parent_id then
-          code, message = 422, 'instruction ' .. instruction_id .. ' starts from node ' .. instruction.node
+          code, message = RESULT.INVALID, 'instruction ' .. instruction_id .. ' starts from node ' .. instruction.node
         elseif instruction.started >= instruction.count then
-          code, message = 409, 'all ' .. instruction.count .. ' continuations of instruction ' .. instruction_id .. ' have already started'
+          code, message = RESULT.CONFLICT, 'all ' .. instruction.count .. ' continuations of instruction ' .. instruction_id .. ' have already started'
         end
       elseif parent.k > 0 then
-        code, message = 409, 'node ' .. parent_id .. ' already has a next turn; branching needs an instruction'
+        code, message = RESULT.CONFLICT, 'node ' .. parent_id .. ' already has a next turn; branching needs an instruction'
       end
     end
-    if code == 200 then
+    if code == RESULT.ACCEPTED then
       if parent then
         depth = parent.d + 1
         if instruction then
@@ -120,7 +120,7 @@ for i = 1, #events do
       local node = {p = parent_id, d = depth, o = origin, done = done, k = 0, sig = signature,
                     t = text, f = features, i = instruction_id, r = reward, at = now}
       if done then
-        local success = tonumber(reward) >= threshold
+        local success = is_success(reward, threshold)
         if success then counters.successes = counters.successes + 1 end
         if origin == '' then
           counters.bare_leaves = counters.bare_leaves + 1
@@ -132,33 +132,31 @@ for i = 1, #events do
       node_cache[node_id] = node
       redis.call('HSET', nodes_key, node_id, cjson.encode(node))
       redis.call('SADD', events_key, event_id)
-      results[i] = {200, ''}
+      results[i] = {RESULT.ACCEPTED, ''}
     else
       results[i] = {code, message}
     end
   end
 end
 
--- Life cycle: Stage 2 is due when every bare rollout is scored, a further round when every promised
--- continuation is scored; one caller claims each decision under a lease (another takes it over if the
--- lease lapses); with nothing left to decide the tree is complete.
+-- Life cycle (trace_service.lifecycle): once settled, the tree's next status comes from settled_status;
+-- one caller claims each Stage 2 decision under a lease (another takes it over if the lease lapses).
 local decision, token, completed = 0, '', 0
 local pending = num(m.decision_round)
 local promised = num(m.promised)
 local round, rounds = num(m.round), num(m.rounds)
 local budget_left = num(m.expansion_budget) - promised - num(m.returned)
 local settled = counters.bare_leaves == rollouts and counters.cont_leaves == promised
-if status ~= 'complete' and status ~= 'closed' and settled then
-  if pending > 0 and num(m.decision_until) > now then
-    -- another caller is deciding this round right now
-  elseif round < rounds and budget_left > 0 and counters.bare_leaves > 0 then
+if not is_finished(status) and settled and not (pending > 0 and num(m.decision_until) > now) then
+  -- (a live claim means another caller is deciding this round right now)
+  status = settled_status(round, rounds, budget_left, counters.bare_leaves, true)
+  if status == STATUS.EXPANDING then
     decision = pending > 0 and pending or round + 1
     token = claim_token
     redis.call('HSET', meta_key, 'decision_round', decision, 'decision_token', token,
-               'decision_until', now + lease, 'status', 'expanding')
-    status = 'expanding'
+               'decision_until', now + lease, 'status', status)
   else
-    status, completed = 'complete', 1
+    completed = 1
     redis.call('HSET', meta_key, 'status', status, 'finished_at', now)
   end
 end

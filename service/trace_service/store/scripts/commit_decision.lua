@@ -20,15 +20,21 @@ for _, item in ipairs(instructions) do
              cjson.encode({node = item[2], count = item[3], started = 0, round = round, at = now}))
 end
 for node_id, value in pairs(predictions) do redis.call('HSET', pred_key, node_id, value) end
-redis.call('HINCRBY', meta_key, 'promised', promised)
-redis.call('HINCRBY', meta_key, 'returned', returned)
+local total_promised = redis.call('HINCRBY', meta_key, 'promised', promised)
+local total_returned = redis.call('HINCRBY', meta_key, 'returned', returned)
 redis.call('HINCRBY', meta_key, 'fallback', fallback)
 redis.call('HSET', meta_key, 'round', round, 'decision_round', 0, 'decision_token', '', 'updated_at', now)
-local status, completed = 'expanding', 0
+local status, completed = held[3], 0
 if promised == 0 then
-  -- Nothing to branch (no candidates, or the budget was returned): the tree is done.
-  status, completed = 'complete', 1
-  redis.call('HSET', meta_key, 'status', status, 'finished_at', now)
+  -- Nothing to branch (no candidates, or the budget was returned): nothing is outstanding, so the tree
+  -- is settled, and the life cycle decides what it becomes.
+  local m = redis.call('HMGET', meta_key, 'rounds', 'expansion_budget', 'bare_leaves')
+  local budget_left = (tonumber(m[2]) or 0) - total_promised - total_returned
+  status = settled_status(round, tonumber(m[1]) or 0, budget_left, tonumber(m[3]) or 0, false)
+  if is_finished(status) then
+    completed = 1
+    redis.call('HSET', meta_key, 'status', status, 'finished_at', now)
+  end
 end
 for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, ttl) end
 return cjson.encode({ok = 1, status = status, completed = completed})
