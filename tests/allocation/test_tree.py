@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trace_service.lifecycle import is_mixed, is_success
 from trace_service.tree import (
     FreshnessEstimate,
     advantages,
@@ -60,6 +61,19 @@ def test_targets_are_the_success_rate_of_the_leaves_below(tree: tuple[np.ndarray
     all_scored = reward[~np.isnan(reward)]
     assert targets.root_visits == all_scored.size
     assert targets.mixed == (0 < np.sum(all_scored >= 0.5) < all_scored.size)
+
+
+@settings(max_examples=200, deadline=None)
+@given(trees(), st.sampled_from([0.0, 0.3, 0.5, 0.8, 1.0]))
+def test_a_tree_is_mixed_exactly_when_its_leaf_counts_are(
+    tree: tuple[np.ndarray, np.ndarray], threshold: float
+) -> None:
+    """The export's "mixed" (recomputed from the nodes) and the store's (from the counters it keeps as
+    leaves arrive, one is_success per leaf) are one definition."""
+    parent, reward = tree
+    scored = [float(r) for r in reward if not np.isnan(r)]
+    counted = is_mixed(sum(is_success(r, threshold) for r in scored), len(scored))
+    assert tree_targets(parent, reward, success_threshold=threshold).mixed is counted
 
 
 @settings(max_examples=100, deadline=None)
