@@ -12,6 +12,7 @@ from trace_proto import ExpandEvent, ExpandResponse, Instruction, RejectedEvent
 from trace_service.engine.common import Clock
 from trace_service.engine.completion import Completion
 from trace_service.engine.stage2 import Stage2
+from trace_service.lifecycle import EventStatus, TreeStatus
 from trace_service.metrics import Metrics
 from trace_service.runtime import PredictorRuntime
 from trace_service.settings import Settings
@@ -58,7 +59,9 @@ class Intake:
                 if problem is None:
                     by_tree.setdefault(event.tree_id, []).append(index)
                 else:
-                    refused.append(RejectedEvent(event_id=event.event_id, status=422, error=problem))
+                    refused.append(
+                        RejectedEvent(event_id=event.event_id, status=EventStatus.INVALID, error=problem)
+                    )
             by_tree = {tree_id: parents_first(events, indices) for tree_id, indices in by_tree.items()}
             tree_events = [(tree_id, [events[i] for i in idx]) for tree_id, idx in by_tree.items()]
             # Every tree's events in one store round trip; what they make due, tree by tree.
@@ -76,7 +79,7 @@ class Intake:
             for job, entries in started.items():
                 await self.store.dequeue_instructions(job, entries)
             # A tree whose events failed to apply does not stop the others' follow-ups; the request
-            # then fails, and its retry finds the others' events already recorded (208).
+            # then fails, and its retry finds the others' events already recorded (duplicates).
             outcomes = await asyncio.gather(
                 *(
                     self._follow_up(tree_id, tree_batch, batch)
@@ -95,9 +98,9 @@ class Intake:
             by_tree.items(), outcomes, strict=True
         ):
             for index, (code, message) in zip(indices, codes, strict=True):
-                if code == 200:
+                if code is EventStatus.ACCEPTED:
                     accepted += 1
-                elif code == 208:
+                elif code is EventStatus.DUPLICATE:
                     duplicates += 1
                 else:
                     rejected.append(
@@ -119,7 +122,7 @@ class Intake:
 
     async def _follow_up(
         self, tree_id: str, events: list[ExpandEvent], batch: AppliedBatch
-    ) -> tuple[list[tuple[int, str]], list[Instruction], bool]:
+    ) -> tuple[list[tuple[EventStatus, str]], list[Instruction], bool]:
         """What one tree's applied events make due: a Stage 2 decision, the tree's completion, or the
         instructions again for a worker that resent its rollout ends."""
         codes = [(outcome.code, outcome.message) for outcome in batch.outcomes]
@@ -138,7 +141,7 @@ class Intake:
                 )
             elif batch.completed:
                 await self.completion.completed(tree_id, batch.meta)
-            elif batch.status == "expanding" and _resent_rollout_ends(events, codes):
+            elif batch.status is TreeStatus.EXPANDING and _resent_rollout_ends(events, codes):
                 instructions = await self._reoffer(job, tree_id)
             return codes, instructions, completed
 
@@ -192,6 +195,6 @@ def parents_first(events: Sequence[ExpandEvent], indices: list[int]) -> list[int
     return ordered
 
 
-def _resent_rollout_ends(events: Sequence[ExpandEvent], codes: Sequence[tuple[int, str]]) -> bool:
+def _resent_rollout_ends(events: Sequence[ExpandEvent], codes: Sequence[tuple[EventStatus, str]]) -> bool:
     """Every event was a duplicate and at least one ended a rollout: a retry of an answered request."""
-    return all(code == 208 for code, _ in codes) and any(event.done for event in events)
+    return all(code is EventStatus.DUPLICATE for code, _ in codes) and any(event.done for event in events)

@@ -6,9 +6,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from trace_proto import HistoryIn, JobStats, PredictResponse, StepStats, TreeNode, TreeResponse, TreeStatus
+from trace_proto import HistoryIn, JobStats, PredictResponse, StepStats, TreeNode, TreeResponse
 from trace_service.engine.common import Clock, NotFoundError, off_loop
 from trace_service.engine.completion import Completion
+from trace_service.lifecycle import FINISHED
 from trace_service.metrics import OTHER_JOBS, Metrics
 from trace_service.predictor import OutcomeCounts, Query, Turn
 from trace_service.runtime import PredictorRuntime
@@ -34,12 +35,12 @@ class Trees:
 
     async def close(self, tree_id: str) -> TreeResponse:
         before = await self.store.close_tree(tree_id, self.clock())
-        if not before:
+        if before is None:
             raise NotFoundError(f"unknown tree {tree_id!r} (it may have expired)")
         tree = await self.store.load_tree(tree_id)
         if tree is None:
             raise NotFoundError(f"unknown tree {tree_id!r} (it may have expired)")
-        if before not in ("complete", "closed"):
+        if before not in FINISHED:
             await self.store.dequeue_instructions(tree.meta.job, [(tree_id, i) for i in tree.instructions])
             await self.completion.completed(tree_id)
         return await off_loop(len(tree.nodes), export_tree, tree, self.settings.success_threshold)
@@ -151,7 +152,7 @@ def export_tree(tree: StoredTree, success_threshold: float) -> TreeResponse:
         prompt_id=meta.prompt_id,
         job=meta.job,
         step=meta.step,
-        status=TreeStatus(meta.status),
+        status=meta.status,
         mixed=targets.mixed,
         rollouts=meta.rollouts,
         expansion_budget=meta.expansion_budget,

@@ -13,11 +13,11 @@ from trace_service.allocation import (
     dapo_keep,
     expand_prefixes,
     random_branching,
-    round_budgets,
     spread_evenly,
 )
 from trace_service.engine.common import Clock, IntArray, fresh_ids, off_loop
 from trace_service.engine.completion import Completion
+from trace_service.lifecycle import round_share
 from trace_service.metrics import Metrics
 from trace_service.predictor import OutcomeCounts, Query
 from trace_service.runtime import PredictorRuntime
@@ -115,7 +115,7 @@ class Stage2:
         """What :meth:`_prefix_counts` returns when its rule failed: the share spread evenly over the
         candidates and counted as fallback, or returned (the caller asked for that, or not even the
         candidates are known)."""
-        share = round_share(tree.meta, round_)
+        share = _round_share(tree.meta, round_)
         nothing: Placement = np.zeros(0, dtype=np.int64), [], {}, 0, share
         if tree.meta.return_unspent:
             return nothing
@@ -131,7 +131,7 @@ class Stage2:
     async def _prefix_counts(self, tree: StoredTree, round_: int) -> Placement:
         """Stage 2 for one round of ``tree``, by its policy's rule."""
         meta = tree.meta
-        share = round_share(meta, round_)
+        share = _round_share(meta, round_)
         size = len(tree.nodes)
         threshold = self.settings.success_threshold
         candidates = await off_loop(size, lambda: prefix_candidates(tree.targets(threshold)))
@@ -157,7 +157,6 @@ class Stage2:
         return spread_evenly(np.ones(len(node_ids), dtype=bool), share), node_ids, {}, 0, share
 
 
-def round_share(meta: TreeMeta, round_: int) -> int:
-    """Continuations round ``round_`` may place: its share of the budget, less what is decided."""
-    shares = round_budgets(meta.expansion_budget, meta.rounds)
-    return max(sum(shares[:round_]) - meta.promised - meta.returned, 0)
+def _round_share(meta: TreeMeta, round_: int) -> int:
+    """The continuations round ``round_`` may place (:func:`trace_service.lifecycle.round_share`)."""
+    return round_share(meta.expansion_budget, meta.rounds, round_, meta.promised, meta.returned)

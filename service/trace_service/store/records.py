@@ -281,7 +281,7 @@ class StoredTree:
 class EventOutcome:
     """What happened to one event (``message`` says why it was not accepted)."""
 
-    code: int  # an EventStatus (typed as one once the engine reads it so)
+    code: EventStatus
     message: str
 
 
