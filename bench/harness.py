@@ -1,14 +1,16 @@
 """Allocation strategies run side by side on a simulated workload family, in process (no HTTP).
 
 One step of a strategy on a candidate pool: estimate success where the strategy needs it, allocate bare
-rollouts to roots (Stage 1 or a baseline rule), run them on the simulator, branch continuations from
-prefixes (Stage 2, random, or not at all), score the trees, update the per-prompt outcome history and, in
-learning mode, let the workload learn from the mixed groups. Every rule comes from
-`trace_service.allocation`; this module only wires them to the simulator and keeps the books.
+rollouts to roots (its policy's Stage 1 rule), run them on the simulator, branch continuations from
+prefixes (its policy's Stage 2 rule, or not at all), score the trees, update the per-prompt outcome
+history and, in learning mode, let the workload learn from the mixed groups. A strategy is a contract
+policy, and its rules are the service's, looked up in `trace_service.allocation.POLICIES`; this module
+only wires them to the simulator and keeps the books.
 
 Budgets (`StepConfig`): `bare_rollouts` M, expansion N, group size n. Strategies that branch get M bare
 rollouts plus ⌊m_i·N⌋ continuations for each active prompt i; strategies that do not branch spend the
-same total R = M + ⌊M·N⌋ on bare rollouts. Counted in turns instead (`BudgetUnit.turns`), every strategy
+same total R = M + ⌊M·N⌋ on bare rollouts (their policy at expansion 0); rules that give every kept
+prompt the same count give groups of n. Counted in turns instead (`BudgetUnit.turns`), every strategy
 gets the same number of turns, R times the mean rollout length (`mean_rollout_turns`), and a
 continuation from a deep prefix costs only the turns it generates. Work is admitted only while its
 worst case still fits the turns left (a rollout from depth d costs at most max_turns − d), so no
@@ -38,19 +40,20 @@ import numpy.typing as npt
 
 from trace_client.sim import Prompt, RolloutState
 from trace_client.sim.base import Workload
+from trace_proto import Policy
 from trace_service.allocation import (
+    POLICIES,
+    Need,
+    PolicyRules,
+    PrefixInputs,
+    RootInputs,
     allocate_roots,
     dapo_keep,
     effective_ratio,
-    expand_prefixes,
-    greso_keep,
-    knapsack_weight,
-    pcl_roots,
-    random_branching,
     root_value,
     round_budgets,
-    uniform_roots,
 )
+from trace_service.allocation.registry import TRACE_PAPER_ROOTS
 from trace_service.tree import (
     ROOT,
     FreshnessEstimate,
@@ -116,31 +119,6 @@ def oracle_estimator(queries: Sequence[Query]) -> FloatArray:
     return np.fromiter((query.state.p for query in queries), dtype=np.float64, count=len(queries))
 
 
-class Roots(StrEnum):
-    """How a strategy allocates bare rollouts over the pool."""
-
-    uniform = "uniform"  # n each, in pool order, as far as the budget goes
-    greso = "greso"  # uniform over the prompts GRESO's zero-variance filter keeps (refilled from the pool)
-    pcl = "pcl"  # n each for the prompts predicted closest to 0.5
-    knapsack = "knapsack"  # Stage 1 weighted by p(1 − p)², p from earlier steps' outcomes
-    trace = "trace"  # Stage 1 on the estimator
-
-
-class Branching(StrEnum):
-    """How a strategy spends continuations over the prefixes of its bare rollouts."""
-
-    none = "none"
-    random = "random"  # TreePO-style: uniformly random prefixes
-    trace = "trace"  # Stage 2 on the estimator
-
-
-class Objective(StrEnum):
-    """What TRACE Stage 1 maximises (`trace_service.allocation.stage1`)."""
-
-    joint = "joint"  # mixed trees, counting the contrast Stage 2 adds at the learned freshness
-    paper = "paper"  # mixed groups of the bare rollouts alone
-
-
 class BudgetUnit(StrEnum):
     rollouts = "rollouts"
     turns = "turns"
@@ -148,20 +126,22 @@ class BudgetUnit(StrEnum):
 
 @dataclass(frozen=True)
 class Strategy:
-    """A named combination of a root rule, a branching rule and the estimator they consult.
+    """A named run of a contract policy: its rules (`POLICIES`), the estimator Ṽ they consult, and
+    whether it branches; one that does not is its policy at expansion 0 with all of R on bare rollouts.
 
-    `filters_groups` is DAPO's dynamic sampling: allocation is uniform and, after generation, only mixed
-    groups are kept for training (`StepResult.kept`); effective ratios still divide by sampled groups.
-    `objective` is TRACE Stage 1's; the joint one uses the freshness learned from the strategy's own
-    earlier trees, as the service does.
+    A policy that keeps only mixed groups (DAPO's dynamic sampling) counts them in `StepResult.kept`;
+    effective ratios still divide by sampled groups. A Stage 1 that reads the freshness uses the one
+    learned from the strategy's own earlier trees, as the service does.
     """
 
     name: str
-    roots: Roots
-    branching: Branching = Branching.none
+    policy: Policy
     estimator: Estimator = posterior_estimator
-    filters_groups: bool = False
-    objective: Objective = Objective.joint
+    branches: bool = True
+
+    @property
+    def rules(self) -> PolicyRules:
+        return POLICIES[self.policy]
 
 
 def default_strategies(
@@ -170,22 +150,23 @@ def default_strategies(
     """The benchmark's line-up; `make_estimator()` gives TRACE's (and PCL's) Ṽ — a fresh one per strategy,
     so that a learning estimator learns only from its own strategy's trees; the oracle reads the truth.
 
-    TRACE root-only pairs Stage 1 with random branching, TRACE prefix-only pairs uniform roots with
-    Stage 2, so each ablation spends the same budget as full TRACE.
+    The baselines whose Stage 2 is an even spread run flat (GRPO-style groups of n at R rollouts);
+    TRACE root-only (random Stage 2) and prefix-only (uniform Stage 1) branch, so each ablation spends
+    the same budget as full TRACE.
     """
     return [
-        Strategy("uniform", Roots.uniform),
-        Strategy("dapo", Roots.uniform, filters_groups=True),
-        Strategy("greso", Roots.greso),
-        Strategy("pcl", Roots.pcl, estimator=make_estimator()),
-        Strategy("knapsack", Roots.knapsack),
-        Strategy("treepo", Roots.uniform, Branching.random),
-        Strategy("trace_root", Roots.trace, Branching.random, make_estimator()),
-        Strategy("trace_prefix", Roots.uniform, Branching.trace, make_estimator()),
-        Strategy("trace", Roots.trace, Branching.trace, make_estimator()),
-        Strategy("trace_paper", Roots.trace, Branching.trace, make_estimator(), objective=Objective.paper),
-        Strategy("oracle", Roots.trace, Branching.trace, oracle_estimator),
-        Strategy("oracle_paper", Roots.trace, Branching.trace, oracle_estimator, objective=Objective.paper),
+        Strategy("uniform", Policy.UNIFORM, branches=False),
+        Strategy("dapo", Policy.DAPO, branches=False),
+        Strategy("greso", Policy.GRESO, branches=False),
+        Strategy("pcl", Policy.PCL, make_estimator(), branches=False),
+        Strategy("knapsack", Policy.KNAPSACK, branches=False),
+        Strategy("treepo", Policy.TREEPO),
+        Strategy("trace_root", Policy.TRACE_ROOT, make_estimator()),
+        Strategy("trace_prefix", Policy.TRACE_PREFIX, make_estimator()),
+        Strategy("trace", Policy.TRACE, make_estimator()),
+        Strategy("trace_paper", Policy.TRACE_PAPER, make_estimator()),
+        Strategy("oracle", Policy.TRACE, oracle_estimator),
+        Strategy("oracle_paper", Policy.TRACE_PAPER, oracle_estimator),
     ]
 
 
@@ -436,7 +417,7 @@ def run_step(
     chosen = np.flatnonzero(counts).tolist()
     forest = _Forest([pool[index] for index in chosen], [int(counts[index]) for index in chosen])
     _run_bare(workload, forest, ledger, rng)
-    if strategy.branching is not Branching.none:
+    if strategy.branches:
         _branch(workload, strategy, forest, history, config, ledger, rng)
 
     successes, visits, mixed_forks = forest.outcomes()
@@ -445,7 +426,9 @@ def run_step(
     ratio = effective_ratio(successes[started], visits[started], skipped=len(pool) - int(started.sum()))
     mixed = (successes > 0) & (successes < visits)
     kept = (
-        int(dapo_keep(successes[started], visits[started]).sum()) if strategy.filters_groups else ratio.active
+        int(dapo_keep(successes[started], visits[started]).sum())
+        if strategy.rules.keeps_only_mixed_groups
+        else ratio.active
     )
     started_counts = np.zeros(len(pool), dtype=np.int64)
     started_counts[chosen] = forest.bare_trials
@@ -531,7 +514,7 @@ def _queries(
 
 
 def _root_budget(strategy: Strategy, config: StepConfig) -> int:
-    return config.bare_rollouts if strategy.branching is not Branching.none else config.total_rollouts
+    return config.bare_rollouts if strategy.branches else config.total_rollouts
 
 
 def _stage1_counts(v: FloatArray, budget: int, config: StepConfig, freshness: float = 0.0) -> IntArray:
@@ -549,9 +532,10 @@ def _stage1_counts(v: FloatArray, budget: int, config: StepConfig, freshness: fl
 
 
 def _freshness_used(strategy: Strategy, freshness: float) -> float:
-    """The ρ a strategy's Stage 1 allocates with: the learned one for the joint objective of a strategy
-    that branches, else 0 (the paper's objective)."""
-    joint = strategy.objective is Objective.joint and strategy.branching is not Branching.none
+    """The ρ a strategy's Stage 1 is valued (and TRACE's allocates) at: the learned one for a strategy
+    that branches, whose continuations add the contrast the joint objective counts, unless its rule is
+    the paper's; else 0 (the paper's objective)."""
+    joint = strategy.branches and strategy.rules.roots is not TRACE_PAPER_ROOTS
     return freshness if joint else 0.0
 
 
@@ -564,37 +548,31 @@ def _root_counts(
     rng: np.random.Generator,
     freshness: float,
 ) -> tuple[IntArray, FloatArray | None]:
-    """Bare rollouts per pool prompt, and the estimator's predictions at the roots when it was asked;
-    `freshness` is the ρ TRACE Stage 1 allocates with (`_freshness_used`)."""
+    """Bare rollouts per pool prompt by the strategy's Stage 1 rule, and the estimator's predictions at
+    the roots when the rule reads them; `freshness` is the ρ it allocates with (`_freshness_used`)."""
+    rule = strategy.rules.roots
     budget = _root_budget(strategy, config)
-    size = config.group_size
-    if strategy.roots in (Roots.uniform, Roots.greso):
-        # n rollouts for as many prompts as the budget allows; when too few prompts are allowed, the rest
-        # of the budget is dealt evenly over them, so that every rule spends the same budget.
-        keep = None
-        if strategy.roots is Roots.greso:
-            streak = [history.get(prompt.prompt_id, PromptRecord()).zero_variance_streak for prompt in pool]
-            keep = greso_keep(streak, rng, keep_probability=config.greso_keep_probability)
-        counts = uniform_roots(
-            len(pool), budget, min_rollouts=size, max_rollouts=config.max_rollouts, keep=keep
-        )
-        return counts, None
-    roots = _queries(pool, [workload.start(prompt.prompt_id) for prompt in pool], history)
-    if strategy.roots is Roots.knapsack:
-        # Knapsack RL uses success rates measured in earlier epochs, not a model.
-        previous = posterior_estimator(roots)
-        counts = allocate_roots(
-            previous,
-            budget,
-            min_rollouts=config.min_rollouts,
-            max_rollouts=config.max_rollouts,
-            weight=knapsack_weight(previous),
-        ).counts
-        return counts, previous
-    v = _estimate(strategy.estimator, roots)
-    if strategy.roots is Roots.pcl:
-        return pcl_roots(v, budget, rollouts_per_prompt=size), v
-    return _stage1_counts(v, budget, config, freshness), v
+    predicted = None
+    if Need.ROOT_PREDICTIONS in rule.needs:
+        roots = _queries(pool, [workload.start(prompt.prompt_id) for prompt in pool], history)
+        predicted = _estimate(strategy.estimator, roots)
+    records = [history.get(prompt.prompt_id, PromptRecord()) for prompt in pool]
+    inputs = RootInputs(
+        n_prompts=len(pool),
+        budget=budget,
+        min_rollouts=config.min_rollouts,
+        max_rollouts=config.max_rollouts,
+        # Groups of n: the same count over ⌊budget / n⌋ prompts; when fewer prompts are kept the rest of
+        # the budget is dealt over them, so that every rule spends the same budget.
+        max_prompts=max(budget // config.group_size, 1) if rule.equal_groups else config.max_prompts,
+        expansion=config.expansion if strategy.branches else 0.0,
+        predicted=predicted,
+        freshness=freshness,
+        zero_variance_streak=np.array([record.zero_variance_streak for record in records], dtype=np.int64),
+        rng=rng,
+        greso_keep_probability=config.greso_keep_probability,
+    )
+    return rule.counts(inputs), predicted
 
 
 def _run_bare(workload: Workload, forest: _Forest, ledger: _Ledger, rng: np.random.Generator) -> None:
@@ -684,7 +662,7 @@ def _plan_round(
     candidates = forest.candidates()
     estimates: Sequence[FloatArray | None] = (
         _prefix_estimates(strategy.estimator, forest, candidates, history)
-        if strategy.branching is Branching.trace
+        if Need.PREFIX_PREDICTIONS in strategy.rules.prefixes.needs
         else [None] * len(candidates)
     )
     planned: list[tuple[int, int]] = []
@@ -695,8 +673,19 @@ def _plan_round(
         if ledger.turn_budget is not None:
             costs = [workload.expected_remaining_turns(forest.states[node]) for node in candidate.nodes]
             units = math.floor(units / float(np.mean(costs)))
-        counts, fallback = _plan(candidate, estimates[tree], units, rng)
-        ledger.fallback_units += fallback
+        placement = strategy.rules.prefixes.place(
+            PrefixInputs(
+                budget=units,
+                outcome=candidate.outcome,
+                blocked=candidate.blocked,
+                predicted=estimates[tree],
+                bare_successes=forest.bare_successes[tree],
+                bare_trials=forest.bare_trials[tree],
+                rng=rng,
+            )
+        )
+        counts = placement.counts
+        ledger.fallback_units += placement.fallback_units
         for node, outcome, count in zip(
             candidate.nodes.tolist(), candidate.outcome.tolist(), counts.tolist(), strict=True
         ):
@@ -772,14 +761,3 @@ def _estimate(estimator: Estimator, queries: Sequence[Query]) -> FloatArray:
     if not np.all((estimates >= 0.0) & (estimates <= 1.0)):
         raise ValueError("the estimator returned values outside [0, 1] (or NaN)")
     return estimates
-
-
-def _plan(
-    candidate: PrefixCandidates, estimates: FloatArray | None, budget: int, rng: np.random.Generator
-) -> tuple[IntArray, int]:
-    """Continuations per candidate and the units that went to the fallback: Stage 2 when there are
-    estimates, random branching otherwise."""
-    if estimates is None:
-        return random_branching(candidate.nodes.size, budget, rng, blocked=candidate.blocked), 0
-    expansion = expand_prefixes(estimates, candidate.outcome, budget, blocked=candidate.blocked)
-    return expansion.counts, expansion.fallback_units

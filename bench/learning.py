@@ -57,17 +57,14 @@ import numpy.typing as npt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.harness import FinishedTree as ForestTree
 from bench.harness import (
-    Branching,
-    Objective,
     Query,
-    Roots,
     StepConfig,
     Strategy,
     oracle_estimator,
     run_step,
 )
-from bench.harness import FinishedTree as ForestTree
 from bench.load import RedisProcess, ServiceProcess
 from bench.plotting import FIXED, line_colors
 from bench.protocol import add_family_arguments, chosen_families, protocol_line
@@ -78,6 +75,7 @@ from trace_client.sim import FAMILIES, Prompt, RolloutState, make_workload
 from trace_client.sim.base import PolicyWorkload
 from trace_client.sim.tabular import softmax_rows as softmax  # π_θ(· | c) row by row
 from trace_proto import AllocateRequest, Policy
+from trace_service.allocation import POLICIES
 from trace_service.tree import FreshnessEstimate, advantages, tree_targets
 
 FloatArray = npt.NDArray[np.float64]
@@ -87,9 +85,6 @@ UNIFORM = "uniform"
 UNIFORM_TREE = "uniform_tree"
 ORACLE = "oracle"
 ORACLE_PAPER = "oracle_paper"
-#: Policies whose Stage 1 and Stage 2 never read Ṽ (the contract's `Policy` docs): their arms share one
-#: serve-only process. Any other policy, a new one included, gets its own process and predictor.
-PREDICTOR_FREE = frozenset({Policy.UNIFORM, Policy.DAPO, Policy.GRESO, Policy.TREEPO})
 #: Held-out tasks of training seed s come from seed s + this: another draw of the same family.
 HELD_OUT_SEED_OFFSET = 10_000
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
@@ -230,13 +225,14 @@ OPTIMIZERS = {"adam": Adam, "sgd": SGD}
 
 @dataclass(frozen=True)
 class Arm:
-    """An allocation rule and its budget; `policy` None is an in-process oracle with Stage 1 `objective`."""
+    """An allocation rule and its budget; `policy` None is an in-process oracle whose rules are those of
+    `oracle_of` (`trace`: the joint Stage 1 objective; `trace_paper`: the paper's)."""
 
     name: str
     policy: Policy | None
     budget: int
     expansion: float
-    objective: Objective = Objective.joint
+    oracle_of: Policy = Policy.TRACE
 
     @property
     def flat(self) -> bool:
@@ -245,12 +241,14 @@ class Arm:
 
     @property
     def reads_predictor(self) -> bool:
-        return self.policy is not None and self.policy not in PREDICTOR_FREE
+        """Whether its rules read Ṽ (`POLICIES`): arms whose rules do not share one serve-only process;
+        any other policy, a new one included, gets its own process and predictor."""
+        return self.policy is not None and POLICIES[self.policy].uses_predictor
 
     @property
     def mixed_groups_only(self) -> bool:
         """DAPO's dynamic sampling keeps only the mixed groups for training."""
-        return self.policy is Policy.DAPO
+        return self.policy is not None and POLICIES[self.policy].keeps_only_mixed_groups
 
 
 def build_arms(bare: int, expansion: float) -> list[Arm]:
@@ -262,7 +260,7 @@ def build_arms(bare: int, expansion: float) -> list[Arm]:
         for policy in Policy
     ]
     arms.append(Arm(ORACLE, None, bare, expansion))
-    arms.append(Arm(ORACLE_PAPER, None, bare, expansion, Objective.paper))
+    arms.append(Arm(ORACLE_PAPER, None, bare, expansion, Policy.TRACE_PAPER))
     return arms
 
 
@@ -412,9 +410,7 @@ class OracleArm(ArmRun):
         super().__init__(arm, family, seed, args)
         self.seed = seed
         self.estimator = _TrueProbabilities()
-        self.strategy = Strategy(
-            arm.name, Roots.trace, Branching.trace, self.estimator, objective=arm.objective
-        )
+        self.strategy = Strategy(arm.name, arm.oracle_of, self.estimator)
         self.config = StepConfig(
             bare_rollouts=arm.budget, expansion=arm.expansion, max_rollouts=args.max_rollouts
         )

@@ -124,6 +124,8 @@ def test_root_rules_keep_the_budget_and_limits(rule: RootRule, data: st.DataObje
     assert np.all((active >= inputs.min_rollouts) & (active <= inputs.max_rollouts))
     if inputs.max_prompts is not None:
         assert active.size <= inputs.max_prompts
+    if rule.equal_groups and active.size:
+        assert active.max() - active.min() <= 1
 
 
 @pytest.mark.parametrize("rule", PREFIX_RULES, ids=lambda rule: rule.name)

@@ -11,15 +11,14 @@ import numpy as np
 import pytest
 
 from trace_client.sim import FAMILIES, Prompt, RolloutState, VocabularyConfig, Workload, make_workload
+from trace_proto import Policy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root holds `bench`
 
 from bench.harness import (
-    Branching,
     BudgetUnit,
     PromptRecord,
     Query,
-    Roots,
     StepConfig,
     Strategy,
     default_strategies,
@@ -55,7 +54,7 @@ def test_rollout_budget_is_equal_and_never_exceeded(strategy: Strategy) -> None:
     workload, pool = fresh_pool()
     result = run_step(workload, strategy, pool, {}, config, np.random.default_rng(1))
     assert result.rollouts <= config.total_rollouts
-    if strategy.branching is Branching.none:
+    if not strategy.branches:
         assert result.continuations == 0
         assert result.mixed_forks == 0
     else:
@@ -74,7 +73,7 @@ def test_turn_budget_is_never_exceeded_and_mostly_spent(strategy: Strategy) -> N
     workload, pool = fresh_pool()
     result = run_step(workload, strategy, pool, {}, config, np.random.default_rng(1))
     assert result.turns <= config.turn_budget
-    if strategy.branching is not Branching.none:
+    if strategy.branches:
         # Continuations are admitted while any fits, so little of the budget is left over.
         assert result.turns >= 0.97 * config.turn_budget
 
@@ -158,7 +157,7 @@ class RecordingEstimator:
 
 def test_estimator_sees_roots_then_prefixes_with_current_outcomes() -> None:
     estimator = RecordingEstimator()
-    strategy = Strategy("probe", Roots.trace, Branching.trace, estimator)
+    strategy = Strategy("probe", Policy.TRACE, estimator)
     config = StepConfig(bare_rollouts=BARE, expansion=1.0)
     workload, pool = fresh_pool()
     history: dict[str, PromptRecord] = {}
@@ -177,7 +176,7 @@ def test_a_wrongly_shaped_estimate_is_an_error() -> None:
     def broken(queries: Sequence[Query]) -> np.ndarray:
         return np.full(len(queries) + 1, 0.5)
 
-    strategy = Strategy("broken", Roots.trace, Branching.trace, broken)
+    strategy = Strategy("broken", Policy.TRACE, broken)
     config = StepConfig(bare_rollouts=BARE, expansion=1.0)
     workload, pool = fresh_pool()
     with pytest.raises(ValueError, match="returned shape"):

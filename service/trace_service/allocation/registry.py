@@ -263,11 +263,14 @@ def _even_if_mixed_prefixes(inputs: PrefixInputs) -> PrefixPlacement:
 
 @dataclass(frozen=True)
 class RootRule:
-    """A Stage 1 rule: its name, the optional inputs it reads, and the rule."""
+    """A Stage 1 rule: its name, the optional inputs it reads, and the rule.  ``equal_groups``: every
+    prompt it keeps gets the same count (±1), the budget over at most ``max_prompts`` prompts, so a
+    caller that wants groups of n asks for ``max_prompts = ⌊M/n⌋``."""
 
     name: str
     needs: frozenset[Need]
     counts: Callable[[RootInputs], IntArray]
+    equal_groups: bool = False
 
 
 @dataclass(frozen=True)
@@ -281,9 +284,11 @@ class PrefixRule:
 
 TRACE_ROOTS = RootRule("trace", frozenset({Need.ROOT_PREDICTIONS, Need.FRESHNESS}), _trace_roots)
 TRACE_PAPER_ROOTS = RootRule("trace_paper", frozenset({Need.ROOT_PREDICTIONS}), _trace_paper_roots)
-UNIFORM_ROOTS = RootRule("uniform", frozenset(), _uniform_roots)
-GRESO_ROOTS = RootRule("greso", frozenset({Need.ZERO_VARIANCE_STREAKS, Need.RNG}), _greso_roots)
-PCL_ROOTS = RootRule("pcl", frozenset({Need.ROOT_PREDICTIONS}), _pcl_roots)
+UNIFORM_ROOTS = RootRule("uniform", frozenset(), _uniform_roots, equal_groups=True)
+GRESO_ROOTS = RootRule(
+    "greso", frozenset({Need.ZERO_VARIANCE_STREAKS, Need.RNG}), _greso_roots, equal_groups=True
+)
+PCL_ROOTS = RootRule("pcl", frozenset({Need.ROOT_PREDICTIONS}), _pcl_roots, equal_groups=True)
 KNAPSACK_ROOTS = RootRule("knapsack", frozenset({Need.ROOT_PREDICTIONS}), _knapsack_roots)
 
 TRACE_PREFIXES = PrefixRule("trace", frozenset({Need.PREFIX_PREDICTIONS}), _trace_prefixes)
