@@ -9,11 +9,18 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from trace_service.engine import Allocation, Engine, Instructions, Intake, JobStatistics, Predictions, Trees
-from trace_service.metrics import Metrics
+from trace_service.engine import (
+    Allocation,
+    Engine,
+    Instructions,
+    Intake,
+    JobStatistics,
+    Predictions,
+    Readiness,
+    Trees,
+)
 from trace_service.runtime import PredictorRuntime
 from trace_service.settings import Settings
-from trace_service.store import TreeStore
 
 
 def _engine(request: Request) -> Engine:
@@ -49,13 +56,8 @@ async def get_predictor(request: Request) -> PredictorRuntime:
     return _engine(request).predictor
 
 
-async def get_store(request: Request) -> TreeStore:
-    return _engine(request).store
-
-
-async def get_metrics(request: Request) -> Metrics:
-    metrics: Metrics = request.app.state.metrics
-    return metrics
+async def get_readiness(request: Request) -> Readiness:
+    return _engine(request).readiness
 
 
 async def get_settings(request: Request) -> Settings:
@@ -70,6 +72,5 @@ TreesDep = Annotated[Trees, Depends(get_trees)]
 StatsDep = Annotated[JobStatistics, Depends(get_stats)]
 PredictionsDep = Annotated[Predictions, Depends(get_predictions)]
 PredictorDep = Annotated[PredictorRuntime, Depends(get_predictor)]
-StoreDep = Annotated[TreeStore, Depends(get_store)]
-MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+ReadinessDep = Annotated[Readiness, Depends(get_readiness)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]

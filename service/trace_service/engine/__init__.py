@@ -9,6 +9,7 @@ and ``trace_service.tree``.
 - ``instructions``: GET /v1/instructions (leases)
 - ``maintenance``: the sweeper
 - ``queries``: tree export and close, job statistics, predictions on demand
+- ``readiness``: whether this replica can serve (the store and the predictor answer)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from trace_service.engine.instructions import Instructions
 from trace_service.engine.intake import Intake
 from trace_service.engine.maintenance import Sweeper
 from trace_service.engine.queries import JobStatistics, Predictions, Trees
+from trace_service.engine.readiness import Readiness
 from trace_service.engine.stage2 import Stage2
 from trace_service.metrics import Metrics
 from trace_service.runtime import PredictorRuntime
@@ -39,6 +41,7 @@ __all__ = [
     "JobStatistics",
     "NotFoundError",
     "Predictions",
+    "Readiness",
     "Stage2",
     "Sweeper",
     "Trees",
@@ -60,6 +63,7 @@ class Engine:
     trees: Trees
     stats: JobStatistics
     predictions: Predictions
+    readiness: Readiness
 
 
 def build_engine(
@@ -82,4 +86,5 @@ def build_engine(
         trees=Trees(store, settings, completion, clock),
         stats=JobStatistics(store, settings, metrics),
         predictions=Predictions(store, predictor),
+        readiness=Readiness(store, predictor, metrics),
     )

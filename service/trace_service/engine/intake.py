@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-import numpy as np
-
 from trace_proto import ExpandEvent, ExpandResponse, Instruction, RejectedEvent
 from trace_service.engine.common import Clock
 from trace_service.engine.completion import Completion
@@ -20,7 +18,6 @@ from trace_service.store import AppliedBatch, TreeStore
 
 #: Trees whose follow-ups (decisions, completions) run concurrently, over all requests of this process.
 _CONCURRENT_TREES = 32
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class Intake:
@@ -53,10 +50,9 @@ class Intake:
             # bad feature vector would fail every Stage 2 decision of its tree.
             refused: list[RejectedEvent] = []
             by_tree: dict[str, list[int]] = {}
-            feature_dim = self.predictor.featurizer.config.feature_dim
+            featurizer = self.predictor.featurizer
             for index, event in enumerate(events):
-                problem = feature_problem(event.features, feature_dim)
-                if problem is None:
+                if event.features is None or (problem := featurizer.feature_problem(event.features)) is None:
                     by_tree.setdefault(event.tree_id, []).append(index)
                 else:
                     refused.append(
@@ -161,19 +157,6 @@ class Intake:
             )
             for i in unstarted
         ]
-
-
-def feature_problem(features: Sequence[float] | None, feature_dim: int) -> str | None:
-    """Why the predictor could not use a client feature vector, or None if it can."""
-    if features is None:
-        return None
-    if feature_dim == 0:
-        return "this server takes no features (feature_dim=0); leave features out"
-    if len(features) != feature_dim:
-        return f"features must have exactly feature_dim={feature_dim} numbers, got {len(features)}"
-    if max(map(abs, features)) > _FLOAT32_MAX:  # one C-level pass: this runs for every event
-        return "features exceed the float32 range"
-    return None
 
 
 def parents_first(events: Sequence[ExpandEvent], indices: list[int]) -> list[int]:

@@ -34,6 +34,7 @@ import numpy.typing as npt
 
 TokenIds = npt.NDArray[np.int64]
 FloatVector = npt.NDArray[np.float32]
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 _WORD = re.compile(r"\w+")
 # Structural features appended to the dense part of every query, in this order.
@@ -372,6 +373,19 @@ class HistoryFeaturizer:
                 f"feature_dim={self.config.feature_dim}"
             )
 
+    def feature_problem(self, values: Sequence[float], what: str = "features") -> str | None:
+        """Why the model cannot use ``values`` (finite numbers, as the contract's feature vectors are)
+        as a client feature vector, or None if it can.  The service refuses an event with its answer
+        before storing it; :meth:`encode_prompt` and :meth:`extend` raise it."""
+        dim = self.config.feature_dim
+        if len(values) != dim:
+            if dim == 0:
+                return f"this server takes no {what} (feature_dim=0); leave {what} out"
+            return f"{what} must have exactly feature_dim={dim} numbers, got {len(values)}"
+        if dim and max(map(abs, values)) > _FLOAT32_MAX:  # one C-level pass: this runs for every event
+            return f"{what} exceed the float32 range"
+        return None
+
     def _feature_vector(self, values: Sequence[float] | None, what: str) -> FloatVector | None:
         if values is None:
             return None
@@ -379,15 +393,15 @@ class HistoryFeaturizer:
             exact = np.array(values, dtype=np.float64)
         except (TypeError, ValueError) as error:
             raise ValueError(f"{what} must be a sequence of numbers: {error}") from None
-        if exact.ndim != 1 or exact.shape[0] != self.config.feature_dim:
+        if exact.ndim != 1:
             raise ValueError(
-                f"{what} must have exactly feature_dim={self.config.feature_dim} numbers, "
+                f"{what} must be a flat list of exactly feature_dim={self.config.feature_dim} numbers, "
                 f"got shape {exact.shape}"
             )
         if not np.all(np.isfinite(exact)):
             raise ValueError(f"{what} contain NaN or infinite values")
-        if np.any(np.abs(exact) > np.finfo(np.float32).max):
-            raise ValueError(f"{what} exceed the float32 range")
+        if (problem := self.feature_problem(exact.tolist(), what)) is not None:
+            raise ValueError(problem)
         if exact.shape[0] == 0:
             return None
         vector = exact.astype(np.float32)

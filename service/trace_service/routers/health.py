@@ -3,11 +3,10 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from redis.exceptions import RedisError
 
 from trace_proto import Health, Ready
 from trace_proto.v1 import paths
-from trace_service.deps import MetricsDep, SettingsDep, StoreDep
+from trace_service.deps import ReadinessDep, SettingsDep
 
 router = APIRouter(tags=["operations"])
 
@@ -19,15 +18,10 @@ async def healthz() -> Health:
 
 
 @router.get(paths.READY, response_model=Ready, responses={503: {"model": Ready, "description": "Not ready"}})
-async def readyz(store: StoreDep, metrics: MetricsDep) -> JSONResponse:
+async def readyz(readiness: ReadinessDep) -> JSONResponse:
     """Readiness: the tree store answers and a predictor is loaded."""
-    try:
-        store_up = await store.ping()
-    except (RedisError, OSError):
-        store_up = False
-    metrics.store_up.set(int(store_up))
-    ready = Ready(ready=store_up, store=store_up, predictor=True)
-    return JSONResponse(ready.model_dump(mode="json"), status_code=200 if store_up else 503)
+    ready = await readiness.check()
+    return JSONResponse(ready.model_dump(mode="json"), status_code=200 if ready.ready else 503)
 
 
 @router.get(paths.METRICS, include_in_schema=False)

@@ -1,0 +1,23 @@
+"""GET /readyz over HTTP: 200 with every check true, 503 naming the check that failed."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from support import LiveService
+
+
+def test_readyz_answers_200_when_the_store_and_the_predictor_answer(service: LiveService) -> None:
+    answer = httpx.get(f"{service.url}/readyz")
+    assert (answer.status_code, answer.json()) == (200, {"ready": True, "store": True, "predictor": True})
+
+
+def test_readyz_answers_503_when_the_predictor_cannot_predict(
+    service: LiveService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(queries: object) -> None:
+        raise RuntimeError("weights on a lost device")
+
+    monkeypatch.setattr(service.app.state.engine.predictor.predictor, "predict_versioned", broken)
+    answer = httpx.get(f"{service.url}/readyz")
+    assert (answer.status_code, answer.json()) == (503, {"ready": False, "store": True, "predictor": False})
