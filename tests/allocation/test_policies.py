@@ -61,9 +61,12 @@ def test_knapsack_weight() -> None:
     assert knapsack_weight([0.0, 0.5, 1.0]).tolist() == pytest.approx([0.0, 0.125, 0.0])
 
 
-def test_random_branching_spends_the_budget_on_open_nodes() -> None:
-    counts = random_branching(5, 40, np.random.default_rng(1), blocked=[False, True, False, False, True])
-    assert counts.sum() == 40 and counts[1] == 0 and counts[4] == 0
+def test_random_branching_spends_the_budget_uniformly() -> None:
+    rng = np.random.default_rng(1)
+    counts = np.sum([random_branching(4, 10, rng) for _ in range(2000)], axis=0)
+    assert counts.sum() == 20_000
+    assert counts / 5000 == pytest.approx([1.0, 1.0, 1.0, 1.0], abs=0.05)
+    assert random_branching(0, 10, rng).tolist() == []
 
 
 def test_effective_ratio_states_its_denominator() -> None:

@@ -1,5 +1,6 @@
 """Baseline allocation rules behind the same array interface as TRACE, so that the service and the
-benchmarks can A/B them on the same infrastructure (docs/allocation.md, "Policies").
+benchmarks can A/B them on the same infrastructure; which policy uses which rule is the registry's
+(:mod:`~trace_service.allocation.registry`, docs/allocation.md, "Policies").
 
 Root rules return int64 rollout counts per prompt (0 = skip) whose sum never exceeds the budget;
 branching rules return continuations per candidate prefix.  TRACE itself is
@@ -107,20 +108,11 @@ def knapsack_weight(v: npt.ArrayLike) -> FloatArray:
     return probs * (1.0 - probs) ** 2
 
 
-def random_branching(
-    n_candidates: int,
-    budget: int,
-    rng: np.random.Generator,
-    *,
-    blocked: npt.ArrayLike | None = None,
-) -> IntArray:
-    """TreePO-style branching: continuations dealt to uniformly random candidate prefixes."""
+def random_branching(n_candidates: int, budget: int, rng: np.random.Generator) -> IntArray:
+    """TreePO-style branching: continuations dealt to uniformly random candidate prefixes (one
+    multinomial draw); nothing when there is no candidate."""
     budget = non_negative_int(budget, "budget")
-    open_nodes = np.ones(n_candidates, dtype=bool) if blocked is None else ~np.asarray(blocked, dtype=bool)
-    if open_nodes.shape != (n_candidates,):
-        raise ValueError(f"blocked must have shape ({n_candidates},), got {open_nodes.shape}")
-    counts = np.zeros(n_candidates, dtype=np.int64)
-    slots = np.flatnonzero(open_nodes)
-    if slots.size:
-        counts[slots] = rng.multinomial(budget, np.full(slots.size, 1.0 / slots.size))
-    return counts
+    n_candidates = non_negative_int(n_candidates, "n_candidates")
+    if n_candidates == 0:
+        return np.zeros(0, dtype=np.int64)
+    return rng.multinomial(budget, np.full(n_candidates, 1.0 / n_candidates)).astype(np.int64)
