@@ -69,11 +69,11 @@ from bench.load import RedisProcess, ServiceProcess
 from bench.plotting import FIXED, line_colors
 from bench.protocol import add_family_arguments, chosen_families, protocol_line
 from trace_client import AsyncTraceClient
-from trace_client.adapters.sim import SimAgent, prompt_in
 from trace_client.driver import DriverConfig, FinishedTree, RolloutDriver
 from trace_client.sim import FAMILIES, Prompt, RolloutState, make_workload
 from trace_client.sim.base import PolicyWorkload
 from trace_client.sim.tabular import softmax_rows as softmax  # π_θ(· | c) row by row
+from trace_client.sim.workers import SimAgent, prompt_in
 from trace_proto import AllocateRequest, Policy
 from trace_service.allocation import POLICIES
 from trace_service.tree import FreshnessEstimate, advantages, tree_targets

@@ -1,5 +1,5 @@
-"""The `trace-rollout` command: `serve` the API, `demo` the method on a simulated workload, `openapi` to
-write (or check) the committed OpenAPI document.
+"""The `trace-rollout` command: `serve` the API, `openapi` to write (or check) the committed OpenAPI
+document. (The demo is the client's: `trace-rollout-demo`.)
 
 A failure the user can act on (an invalid setting or option, a service that cannot be reached) is one
 line on stderr, `trace-rollout COMMAND: error: ...`, with exit status 2 for bad input (as argparse's
@@ -98,25 +98,6 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _demo(args: argparse.Namespace) -> int:
-    from trace_client import TraceAPIError, TraceConnectionError
-    from trace_client.demo import run as demo
-
-    try:
-        config = demo.config_from_arguments(args)
-    except ValueError as error:
-        raise CommandError(str(error), USAGE_ERROR) from None
-    try:
-        report = demo.run(config, write=demo.write_stderr if args.json else demo.write_stdout)
-    except TraceConnectionError as error:
-        raise CommandError(f"the service at {config.url} is unreachable: {error}") from None
-    except TraceAPIError as error:
-        raise CommandError(f"the service at {config.url} answered {error}") from None
-    if args.json:
-        demo.write_stdout(json.dumps(demo.results_document(report), indent=2) + "\n")
-    return 0
-
-
 def _openapi(args: argparse.Namespace) -> int:
     text = openapi_text()
     if args.check:
@@ -143,12 +124,9 @@ def _settings_epilog() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from trace_client.demo.run import add_arguments as add_demo_arguments
-
     parser = argparse.ArgumentParser(
         prog="trace-rollout",
-        description="TRACE rollout allocation as a service: run the HTTP API, compare TRACE with uniform "
-        "allocation on a simulated workload, or write the OpenAPI document.",
+        description="TRACE rollout allocation as a service: run the HTTP API or write the OpenAPI document.",
         epilog="`trace-rollout COMMAND --help` shows each command's options.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -175,15 +153,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="redis://host:port/db; empty: the embedded store (default: TRACE_STORE_URL, else empty)",
     )
     serve.set_defaults(run=_serve)
-
-    demo = commands.add_parser(
-        "demo",
-        help="TRACE against uniform allocation on a simulated workload: a table and a plot",
-        description="Drive a simulated multi-turn workload through the service with each policy at the "
-        "same budget and compare them. Without --url the service runs in this process.",
-    )
-    add_demo_arguments(demo)
-    demo.set_defaults(run=_demo)
 
     openapi = commands.add_parser(
         "openapi",

@@ -9,9 +9,9 @@ from support import LiveService, make_settings
 
 from trace_client import AsyncTraceClient
 from trace_client.adapters import token_trajectories
-from trace_client.adapters.sim import SimAgent, prompt_in
 from trace_client.driver import History, RolloutDriver, TurnResult, TurnTokens
 from trace_client.sim import SimConfig, SimWorkload
+from trace_client.sim.workers import SimAgent, prompt_in
 from trace_proto import AllocateRequest
 
 

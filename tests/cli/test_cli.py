@@ -1,26 +1,23 @@
 """`trace-rollout`: version, help texts, exit statuses and one-line errors, settings validation at start,
-`demo --url` and `demo --json`, and the README's command table against the parser."""
+and the README's command table against the parsers (the service's and the demo's)."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import re
-import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from pydantic import ValidationError
-from support import LiveService, make_settings
 
+from trace_client.demo import cli as demo_cli
 from trace_service import __version__, cli
 from trace_service.logs import JsonFormatter
 from trace_service.settings import Settings
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-TINY_DEMO = ["--steps", "1", "--pool", "6", "--budget", "12", "--prompts", "24", "--policies", "uniform"]
 
 
 def subcommands() -> dict[str, argparse.ArgumentParser]:
@@ -54,7 +51,7 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out == f"trace-rollout {__version__}\n"
 
 
-@pytest.mark.parametrize("command", [[], ["serve"], ["demo"], ["openapi"]])
+@pytest.mark.parametrize("command", [[], ["serve"], ["openapi"]])
 def test_help_is_plain_text(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         cli.main([*command, "--help"])
@@ -72,7 +69,7 @@ def shown(default: object) -> str:
     return f"{default:g}" if isinstance(default, float) else str(default)
 
 
-@pytest.mark.parametrize("name", ["serve", "demo", "openapi"])
+@pytest.mark.parametrize("name", ["serve", "openapi"])
 def test_every_option_has_help_and_shows_its_default(name: str) -> None:
     for action in options_of(subcommands()[name]):
         assert action.help, f"{name} {action.option_strings[0]} has no help"
@@ -185,76 +182,6 @@ def test_serve_hands_uvicorn_its_address_and_the_log_configuration(
     assert config["root"]["level"] == "WARNING"
 
 
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])  # closed again on return: connections are refused
-
-
-def test_demo_against_an_unreachable_service_is_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    url = f"http://127.0.0.1:{closed_port()}"
-    assert cli.main(["demo", "--url", url, "--quiet", "--out", str(tmp_path), *TINY_DEMO]) == 1
-    captured = capsys.readouterr()
-    assert "Traceback" not in captured.err
-    (line,) = captured.err.splitlines()
-    assert line.startswith(
-        f"trace-rollout demo: error: the service at {url} is unreachable: GET {url}/healthz"
-    )
-    assert line.endswith("(after 4 attempts)")
-    assert not (tmp_path / "results.json").exists()
-
-
-def test_demo_against_a_service_that_refuses_it_is_one_line(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.delenv("TRACE_TOKEN", raising=False)
-    with LiveService(make_settings(auth_tokens="s3cret")) as live:
-        code = cli.main(["demo", "--url", live.url, "--quiet", "--out", str(tmp_path), *TINY_DEMO])
-    assert code == 1
-    (line,) = error_lines(capsys.readouterr().err)
-    assert line.startswith(f"trace-rollout demo: error: the service at {live.url} answered 401 Unauthorized")
-
-
-@pytest.mark.parametrize(
-    ("arguments", "message"),
-    [
-        (["--url", "trace:8000"], "argument --url: not an http(s) URL: 'trace:8000'"),
-        (["--steps", "0"], "steps must be at least 1, got 0"),
-        (["--pool", "50", "--prompts", "40"], "pool (50) cannot exceed the simulated prompts (40)"),
-    ],
-)
-def test_bad_demo_options_are_usage_errors(
-    arguments: list[str], message: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    try:
-        code = cli.main(["demo", *arguments])
-    except SystemExit as exited:  # argparse's own checks exit; the configuration's return
-        code = int(str(exited.code))
-    assert code == 2
-    assert error_lines(capsys.readouterr().err) == [f"trace-rollout demo: error: {message}"]
-
-
-def test_demo_json_prints_the_results_on_stdout_with_the_token_from_the_environment(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setenv("TRACE_TOKEN", "s3cret")
-    settings = make_settings(auth_tokens="s3cret", train_interval_seconds=60.0, sweep_interval_seconds=60.0)
-    with LiveService(settings) as live:
-        code = cli.main(["demo", "--url", live.url, "--json", "--out", str(tmp_path), *TINY_DEMO])
-    assert code == 0
-    captured = capsys.readouterr()
-    document = json.loads(captured.out)
-    (run,) = document["runs"]
-    assert run["policy"] == "uniform"
-    assert run["budget_spent"] == run["rollouts_spent"] + run["continuations_spent"] > 0
-    assert run["active"] + run["skipped"] == 6
-    assert run["steps"][0]["prompts"] == 6
-    assert document == json.loads((tmp_path / "results.json").read_text())
-    assert "eff. ratio" in captured.err and f"against {live.url}" in captured.err
-
-
 def test_openapi_check_of_a_stale_document_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -267,18 +194,20 @@ def test_openapi_check_of_a_stale_document_is_one_line(
 
 
 def readme_commands() -> dict[str, tuple[str, list[str]]]:
-    """The README's command table: command -> (what it does, options)."""
+    """The README's command table: command line -> (what it does, options)."""
     section = README.read_text().split("## Command line", 1)[1].split("\n## ", 1)[0]
-    rows = re.findall(r"^\| `(\w+)` \| (.+?) \| (.+?) \|$", section, flags=re.MULTILINE)
+    rows = re.findall(r"^\| `([\w -]+)` \| (.+?) \| (.+?) \|$", section, flags=re.MULTILINE)
     return {name: (summary, re.findall(r"`(--[\w-]+)`", options)) for name, summary, options in rows}
 
 
-def test_the_readme_command_table_matches_the_parser() -> None:
+def test_the_readme_command_table_matches_the_parsers() -> None:
     parser = cli.build_parser()
     (commands,) = (action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
     summaries = {choice.dest: choice.help for choice in commands._choices_actions}
     expected = {
-        name: (summaries[name], [action.option_strings[0] for action in options_of(sub)])
+        f"trace-rollout {name}": (summaries[name], [action.option_strings[0] for action in options_of(sub)])
         for name, sub in subcommands().items()
     }
+    demo = demo_cli.build_parser()
+    expected[demo.prog] = (demo_cli.SUMMARY, [action.option_strings[0] for action in options_of(demo)])
     assert readme_commands() == expected

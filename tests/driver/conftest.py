@@ -9,8 +9,8 @@ import pytest
 from driver_support import quiet_settings
 from support import LiveService
 
-from trace_client.adapters.sim import SimAgent
 from trace_client.sim import SimConfig, SimWorkload
+from trace_client.sim.workers import SimAgent
 
 
 @pytest.fixture(scope="module")

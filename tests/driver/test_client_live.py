@@ -26,12 +26,12 @@ from trace_client import (
     TraceTimeoutError,
     TraceUnavailable,
 )
-from trace_client.adapters.sim import SimAgent
 from trace_client.driver import DriverConfig, RolloutDriver
+from trace_client.local import LocalService
 from trace_client.sim import SimWorkload
+from trace_client.sim.workers import SimAgent
 from trace_proto import AllocateRequest, ExpandEvent, PromptIn, paths
 from trace_service.app import create_app
-from trace_client.local import LocalService
 
 FAST_RETRIES = Backoff(initial_delay=0.01, max_delay=0.05)
 

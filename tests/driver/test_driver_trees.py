@@ -13,9 +13,9 @@ from driver_support import step_request
 from support import LiveService
 
 from trace_client import AsyncTraceClient
-from trace_client.adapters.sim import SimAgent
 from trace_client.driver import DriverConfig, FinishedTree, History, Progress, RolloutDriver, TurnResult
 from trace_client.sim import SimWorkload
+from trace_client.sim.workers import SimAgent
 from trace_proto import AllocateResponse, Policy, PromptIn, TreeStatus, paths
 
 

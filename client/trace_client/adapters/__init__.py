@@ -4,7 +4,6 @@
   every trainer adapter shares).
 - `verl`: verl agent-loop outputs and a `DataProto` (verl imported lazily).
 - `skyrl`: a SkyRL `GeneratorOutput` and a pass-through advantage estimator (SkyRL imported lazily).
-- `sim`: the simulated workload as driver callables (the demo's and the tests' generation workers).
 
 Framework packages are imported only inside the functions that build their objects: the base install
 (no torch) can import every module here.

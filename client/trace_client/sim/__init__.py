@@ -1,7 +1,8 @@
 """Simulated multi-turn agentic workloads whose true conditional success is known at every prefix.
 
 They stand in for an LLM agent and its generation workers in the demo, the tests and the benchmarks, and
-let the oracle allocation be computed. Needs numpy only.
+let the oracle allocation be computed. Needs numpy only: the `sim` extra (`pip install
+'trace-rollout[sim]'`). `trace_client.sim.workers` runs a workload as the worker driver's callables.
 
 Every family is a `Workload` (`trace_client.sim.base`): a population of tasks (`prompts`, larger than a
 step's pool; `epoch_pool(step, size)` visits it epoch by epoch), immutable rollout prefixes

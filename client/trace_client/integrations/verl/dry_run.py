@@ -38,7 +38,6 @@ from verl.trainer.ppo.v1 import PPOTrainer
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 from verl.utils import tensordict_utils as tu
 
-from trace_client.adapters.sim import SimAgent
 from trace_client.driver import History, TurnResult, TurnTokens
 from trace_client.integrations.verl import (
     ROLLOUT_N_FIELD,
@@ -47,6 +46,7 @@ from trace_client.integrations.verl import (
     trace_overrides,
 )
 from trace_client.sim import SimConfig, SimWorkload
+from trace_client.sim.workers import SimAgent
 
 #: The config section of the simulated workload: both sides build the same one from it.
 SIM_SECTION: Final = "trace_sim"

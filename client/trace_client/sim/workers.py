@@ -1,5 +1,5 @@
-"""A simulated workload family (`trace_client.sim`) as driver callables: it plays the generation workers
-in the demo, the tests, the benchmarks and anyone's dry run of the driver.
+"""A simulated workload family as the worker driver's callables: it plays the generation workers in the
+demo, the tests, the benchmarks and anyone's dry run of the driver.
 
 Each turn's `TurnResult.state` is the simulator's `RolloutState` after that turn, so a continuation
 resumes exactly from its prefix. Turns requested in the same event-loop pass are stepped together in one
