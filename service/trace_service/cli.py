@@ -127,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trace-rollout",
         description="TRACE rollout allocation as a service: run the HTTP API or write the OpenAPI document.",
-        epilog="`trace-rollout COMMAND --help` shows each command's options.",
+        epilog="`trace-rollout COMMAND --help` shows each command's options; the demo is "
+        "`trace-rollout-demo`.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
