@@ -51,8 +51,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Engine:
-    """The service's components, wired once per process (the app's state holds one; each route takes
-    the component it uses)."""
+    """The service's components, wired once per process: the app's state holds one and each route
+    takes the component it uses (``deps``).  ``store`` and ``predictor`` are what they were built on:
+    GET /v1/predictor reads the predictor; tests and the fault harness reach the store."""
 
     store: TreeStore
     predictor: PredictorRuntime
