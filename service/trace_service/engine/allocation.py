@@ -8,26 +8,13 @@ import hashlib
 import numpy as np
 import numpy.typing as npt
 
-from trace_proto import AllocateRequest, AllocateResponse, Policy
-from trace_service.allocation import (
-    allocate_roots,
-    allocate_roots_exact,
-    greso_keep,
-    knapsack_weight,
-    pcl_roots,
-    root_value,
-    uniform_roots,
-)
-from trace_service.engine.common import Clock, IdempotencyConflictError, IntArray, fresh_ids, off_loop
+from trace_proto import AllocateRequest, AllocateResponse
+from trace_service.allocation import POLICIES, RootInputs, root_value
+from trace_service.engine.common import Clock, IdempotencyConflictError, fresh_ids, off_loop
 from trace_service.metrics import Metrics
 from trace_service.predictor import OutcomeCounts, Query
 from trace_service.runtime import PredictorRuntime
 from trace_service.store import NewTree, PromptOutcomes, TreeStore
-
-#: Stage 1 of each policy: TRACE's solver, or a baseline's rule.
-_TRACE_ROOTS = {Policy.TRACE, Policy.TRACE_ROOT, Policy.TRACE_PAPER}
-#: Largest B·M·m_max for which Knapsack RL runs its exact DP; beyond it the envelope solver.
-_KNAPSACK_DP_CELLS = 20_000_000
 
 
 class Allocation:
@@ -108,8 +95,21 @@ class Allocation:
     ) -> tuple[AllocateResponse, list[NewTree]]:
         """Stage 1 from the predictions: the answer and the trees to create."""
         prompts = request.prompts
-        streak = np.array([h.zero_variance_streak for h in history])
-        counts = root_counts(request, v, streak, freshness=self.predictor.freshness, rng=self._rng)
+        # The policy's Stage 1 rule (allocation.POLICIES), given every input a rule may read.
+        counts = POLICIES[request.policy].roots.counts(
+            RootInputs(
+                n_prompts=len(prompts),
+                budget=request.budget,
+                min_rollouts=request.min_rollouts,
+                max_rollouts=request.max_rollouts,
+                max_prompts=request.max_prompts,
+                expansion=request.expansion,
+                predicted=v,
+                freshness=self.predictor.freshness,
+                zero_variance_streak=np.array([h.zero_variance_streak for h in history], dtype=np.int64),
+                rng=self._rng,
+            )
+        )
         expansion = np.floor(counts * request.expansion + 1e-9).astype(np.int64).tolist()
         rollouts, predicted = counts.tolist(), v.tolist()
         active = [i for i, count in enumerate(rollouts) if count > 0]
@@ -161,41 +161,6 @@ class Allocation:
             }
         )
         return response, trees
-
-
-def root_counts(
-    request: AllocateRequest,
-    v: npt.NDArray[np.float64],
-    streak: IntArray,
-    *,
-    freshness: float,
-    rng: np.random.Generator,
-) -> IntArray:
-    """Bare rollouts per prompt by the request's policy: Ṽ ``v``, zero-variance ``streak`` per prompt,
-    the predictor's continuation ``freshness`` ρ."""
-    policy, budget, n = request.policy, request.budget, len(request.prompts)
-    lo, hi, cap = request.min_rollouts, request.max_rollouts, request.max_prompts
-    if policy in _TRACE_ROOTS:
-        # The joint objective counts the contrast Stage 2 will add; the paper's values bare rollouts only.
-        return allocate_roots(
-            v,
-            budget,
-            min_rollouts=lo,
-            max_rollouts=hi,
-            max_prompts=cap,
-            expansion=request.expansion,
-            freshness=0.0 if policy is Policy.TRACE_PAPER else freshness,
-        ).counts
-    if policy is Policy.KNAPSACK:
-        solver = allocate_roots_exact if n * budget * hi <= _KNAPSACK_DP_CELLS else allocate_roots
-        weight = knapsack_weight(v)
-        return solver(v, budget, min_rollouts=lo, max_rollouts=hi, max_prompts=cap, weight=weight).counts
-    if policy is Policy.PCL:
-        batch = min(n, request.max_prompts or n)
-        per_prompt = int(np.clip(budget // max(batch, 1), request.min_rollouts, request.max_rollouts))
-        return pcl_roots(v, budget, rollouts_per_prompt=per_prompt, max_prompts=cap)
-    keep = greso_keep(streak, rng) if policy is Policy.GRESO else None
-    return uniform_roots(n, budget, min_rollouts=lo, max_rollouts=hi, max_prompts=cap, keep=keep)
 
 
 def request_fingerprint(request: AllocateRequest) -> str:

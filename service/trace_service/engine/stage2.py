@@ -9,12 +9,7 @@ import numpy as np
 from redis.exceptions import RedisError
 
 from trace_proto import Instruction, Policy
-from trace_service.allocation import (
-    dapo_keep,
-    expand_prefixes,
-    random_branching,
-    spread_evenly,
-)
+from trace_service.allocation import POLICIES, Need, PrefixInputs, spread_evenly
 from trace_service.engine.common import Clock, IntArray, fresh_ids, off_loop
 from trace_service.engine.completion import Completion
 from trace_service.lifecycle import round_share
@@ -30,10 +25,6 @@ logger = logging.getLogger(__name__)
 #: A Stage 2 round's placement: continuations per candidate node, the candidates' ids, Ṽ at them, the
 #: fallback units among the continuations, and the round's budget share.
 Placement = tuple[IntArray, list[str], dict[str, float], int, int]
-
-#: Stage 2 of each policy: TRACE's greedy, random prefixes (TreePO), or an even spread (uniform family).
-_TRACE_PREFIXES = {Policy.TRACE, Policy.TRACE_PREFIX, Policy.TRACE_PAPER}
-_RANDOM_PREFIXES = {Policy.TREEPO, Policy.TRACE_ROOT}
 
 
 class Stage2:
@@ -138,23 +129,26 @@ class Stage2:
         node_ids = [tree.nodes[i].node_id for i in candidates.nodes]
         if not node_ids or share == 0:
             return np.zeros(len(node_ids), dtype=np.int64), node_ids, {}, 0, share
-        policy = Policy(meta.policy)
-        if policy in _TRACE_PREFIXES:
+        rule = POLICIES[Policy(meta.policy)].prefixes
+        p, predictions = None, {}
+        if Need.PREFIX_PREDICTIONS in rule.needs:
             _, encoded = await off_loop(size, self.predictor.encode_tree, tree, candidates.nodes.tolist())
             outcomes = OutcomeCounts(*meta.prior_outcomes)
             _, p = await self.predictor.predict([Query(encoded[node_id], outcomes) for node_id in node_ids])
-            expansion = expand_prefixes(
-                p, candidates.outcome, share, blocked=candidates.blocked, fallback=not meta.return_unspent
-            )
             predictions = {node_id: float(value) for node_id, value in zip(node_ids, p, strict=True)}
-            return expansion.counts, node_ids, predictions, expansion.fallback_units, share
-        if policy in _RANDOM_PREFIXES:
-            return random_branching(len(node_ids), share, self._rng), node_ids, {}, 0, share
-        if policy is Policy.DAPO and not dapo_keep(meta.bare_successes, meta.bare_leaves):
-            # DAPO filters a group whose rewards all agree out of the batch: no continuations for it,
-            # its share is returned.
-            return np.zeros(len(node_ids), dtype=np.int64), node_ids, {}, 0, share
-        return spread_evenly(np.ones(len(node_ids), dtype=bool), share), node_ids, {}, 0, share
+        placement = rule.place(
+            PrefixInputs(
+                budget=share,
+                outcome=candidates.outcome,
+                blocked=candidates.blocked,
+                fallback=not meta.return_unspent,
+                predicted=p,
+                bare_successes=meta.bare_successes,
+                bare_trials=meta.bare_leaves,
+                rng=self._rng,
+            )
+        )
+        return placement.counts, node_ids, predictions, placement.fallback_units, share
 
 
 def _round_share(meta: TreeMeta, round_: int) -> int:
