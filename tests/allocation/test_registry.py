@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trace_proto import Policy
+from trace_proto import PREDICTOR_POLICIES, Policy
 from trace_service.allocation import (
     allocate_roots,
     allocate_roots_exact,
@@ -99,16 +99,8 @@ def test_every_contract_policy_is_registered() -> None:
     assert set(POLICIES) == set(Policy)
 
 
-def test_the_predictor_is_asked_for_exactly_the_policies_that_read_v() -> None:
-    asking = {policy for policy, rules in POLICIES.items() if rules.uses_predictor}
-    assert asking == {
-        Policy.TRACE,
-        Policy.TRACE_PAPER,
-        Policy.TRACE_ROOT,
-        Policy.TRACE_PREFIX,
-        Policy.PCL,
-        Policy.KNAPSACK,
-    }
+def test_the_predictor_is_read_by_exactly_the_contracts_predictor_policies() -> None:
+    assert {policy for policy, rules in POLICIES.items() if rules.uses_predictor} == PREDICTOR_POLICIES
     assert [policy for policy, rules in POLICIES.items() if rules.keeps_only_mixed_groups] == [Policy.DAPO]
 
 

@@ -20,12 +20,8 @@ from trace_client.driver import DriverConfig, Progress, RolloutDriver
 from trace_client.local import ThreadedService
 from trace_client.sim import SimConfig, SimWorkload
 from trace_client.sim.workers import SimAgent, prompt_in
-from trace_proto import AllocateRequest, Policy
+from trace_proto import PREDICTOR_POLICIES, AllocateRequest, Policy
 
-#: Policies whose allocations consult the predictor (the demo waits for it to train between steps).
-_PREDICTOR_POLICIES: Final = frozenset(
-    {Policy.TRACE, Policy.TRACE_PAPER, Policy.TRACE_ROOT, Policy.TRACE_PREFIX, Policy.PCL, Policy.KNAPSACK}
-)
 _POLL_SECONDS: Final = 0.25
 
 
@@ -60,7 +56,8 @@ async def run_demo(config: DemoConfig, url: str, write: Write) -> DemoReport:
         for step in range(config.steps):
             for arm in arms:
                 await arm.run_step(step)
-            if any(arm.policy in _PREDICTOR_POLICIES for arm in arms) and step + 1 < config.steps:
+            # Between steps, give the predictor time to train when a policy's rules read Ṽ.
+            if any(arm.policy in PREDICTOR_POLICIES for arm in arms) and step + 1 < config.steps:
                 await _let_predictor_train(client, config.train_wait)
         runs = [await arm.report() for arm in arms]
     return DemoReport(config, runs, time.monotonic() - started)
@@ -117,7 +114,7 @@ class _PolicyArm:
 
     async def report(self) -> PolicyRun:
         stats = await self.client.job_stats(self.job)
-        uses_predictor = self.policy in _PREDICTOR_POLICIES
+        uses_predictor = self.policy in PREDICTOR_POLICIES
         predictor = await self.client.predictor_info() if uses_predictor else None
         return PolicyRun(self.policy, self.job, stats, self.versions, predictor, self.seconds)
 

@@ -7,6 +7,7 @@ and header names in `paths`.
 
 from trace_proto.v1 import limits, paths
 from trace_proto.v1.allocate import (
+    PREDICTOR_POLICIES,
     AllocateRequest,
     AllocateResponse,
     Policy,
@@ -60,6 +61,7 @@ SCHEMA_MODELS: tuple[type[RequestModel] | type[ResponseModel], ...] = (
 __all__ = [
     "API_VERSION",
     "DEFAULT_JOB",
+    "PREDICTOR_POLICIES",
     "PROBLEM_MEDIA_TYPE",
     "SCHEMA_MODELS",
     "AllocateRequest",

@@ -72,6 +72,13 @@ class Policy(StrEnum):
     TRACE_PAPER = "trace_paper"
 
 
+#: The policies whose Stage 1 or Stage 2 reads the service's predictor (what a client may wait to see
+#: trained); the service's policy registry implements the rules and its tests hold it to this set.
+PREDICTOR_POLICIES = frozenset(
+    {Policy.TRACE, Policy.TRACE_PAPER, Policy.TRACE_ROOT, Policy.TRACE_PREFIX, Policy.PCL, Policy.KNAPSACK}
+)
+
+
 class PromptIn(RequestModel):
     """One candidate prompt of the pool."""
 
