@@ -3,12 +3,13 @@ operation returns and keeps, and the tree life cycle as the store scripts make i
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 
 from trace_proto import ExpandEvent
 from trace_service.lifecycle import TRANSITIONS, EventStatus, TreeStatus
-from trace_service.store import AppliedBatch, NewTree, TreeMeta, TreeStore
+from trace_service.store import AppliedBatch, NewTree, PromptOutcomes, TreeMeta, TreeStore
 
 JOB = "job"
 THRESHOLD = 0.5
@@ -478,3 +479,69 @@ async def test_scripts_run_again_after_redis_forgets_them(store: TreeStore) -> N
     )
     assert [codes(b) for b in batches if isinstance(b, AppliedBatch)] == [[EventStatus.ACCEPTED]] * 2
     assert (await meta_of(store, "t2")).bare_started == 1
+
+
+# --- job indexes, idempotency, the predictor's keys -----------------------------------------------
+
+
+async def test_an_allocation_is_listed_under_its_job_and_step(store: TreeStore) -> None:
+    many = [f"t{i}" for i in range(5_000)]  # more members than one write_expire call passes on
+    await store.create_trees([new_tree(tree_id) for tree_id in many[:600]], now=1.0)  # two create chunks
+    assert all(await store.load_metas(many[:600]))
+    await store.index_allocation(JOB, 3, "a1", 7_000, many, 40_000, now=1.0)
+    await store.index_allocation(JOB, 5, "a2", 3, ["u1", "u2"], 4, now=2.0)
+    await store.index_allocation(JOB, 5, "a2", 3, ["u1", "u2"], 4, now=2.0)  # a retry changes nothing
+    assert await store.jobs() == [JOB]
+    assert await store.steps(JOB, last=10) == [3, 5]
+    assert await store.steps(JOB, last=1) == [5]
+    assert await store.step_tree_ids(JOB, 5) == ["u1", "u2"]
+    assert len(await store.step_tree_ids(JOB, 3)) == 5_000
+    allocations = await store.step_allocations(JOB)
+    assert [(a.prompts, a.trees, a.bare_promised) for a in allocations[3]] == [(7_000, 5_000, 40_000)]
+    assert [(a.prompts, a.trees, a.bare_promised) for a in allocations[5]] == [(3, 2, 4)]
+    seen: set[str] = set()
+    cursor = None
+    while cursor != 0:
+        cursor, page = await store.open_trees(JOB, cursor or 0, count=1_000)
+        seen.update(page)
+    assert seen == {*many, "u1", "u2"}
+    await store.forget_open(JOB, "u1")
+    _, page = await store.open_trees(JOB, 0, count=10_000)
+    assert "u1" not in page and "u2" in page
+
+
+async def test_the_first_answer_under_an_idempotency_key_wins(store: TreeStore) -> None:
+    assert await store.recall_response(JOB, "k") is None
+    assert await store.remember_response(JOB, "k", "f1", '{"first": 1}') == ("f1", '{"first": 1}')
+    assert await store.remember_response(JOB, "k", "f2", '{"second": 2}') == ("f1", '{"first": 1}')
+    assert await store.recall_response(JOB, "k") == ("f1", '{"first": 1}')
+
+
+async def test_prompt_histories_keep_the_streak_of_groups_with_one_outcome(store: TreeStore) -> None:
+    """Three steps of one prompt: all-success, all-success, mixed."""
+    for step, rewards in enumerate(([1.0, 1.0], [1.0, 1.0], [1.0, 0.0])):
+        tree_id = f"s{step}"
+        spec = new_tree(tree_id)
+        await store.create_trees([dataclasses.replace(spec, prompt_id="p", step=step)], now=1.0)
+        done = await apply(store, tree_id, [turn(tree_id, f"n{i}", reward=r) for i, r in enumerate(rewards)])
+        assert done.meta is not None
+        assert await store.record_prompt_outcome(done.meta)
+        [history] = await store.prompt_outcomes(JOB, ["p"])
+        expected_successes, expected_streak = [(2, 1), (4, 2), (5, 0)][step]
+        assert (history.successes, history.trials) == (expected_successes, 2 * step + 2)
+        assert history.zero_variance_streak == expected_streak
+    assert await store.prompt_outcomes(JOB, ["unseen"]) == [PromptOutcomes()]
+    assert await store.prompt_outcomes(JOB, []) == []
+
+
+async def test_the_training_queue_keeps_the_newest_trees_and_weights_carry_their_version(
+    store: TreeStore,
+) -> None:
+    for tree_id in ("t1", "t2", "t3"):
+        await store.push_completed(tree_id, cap=2)
+    assert await store.pop_completed(10) == ["t2", "t3"]  # oldest first; t1 fell off the cap
+    assert await store.pop_completed(10) == []
+    assert await store.weights_version() == 0 and await store.load_weights() is None
+    await store.publish_weights(3, b"\x00weights")
+    assert await store.weights_version() == 3
+    assert await store.load_weights() == (3, b"\x00weights")

@@ -1,4 +1,5 @@
-"""Typed records the tree store reads and writes (what the Lua scripts keep as hashes and JSON)."""
+"""Typed records the tree store reads and writes (what the Lua scripts keep as hashes and JSON), and the
+scripts' replies parsed into named results."""
 
 from __future__ import annotations
 
