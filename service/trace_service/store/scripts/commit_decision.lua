@@ -3,15 +3,15 @@
 -- KEYS: meta, instructions, predictions
 -- ARGV: round, token, instructions (JSON list of [instruction_id, node_id, count]),
 --       predictions (JSON object node_id -> Ṽ at decision time), returned units, fallback units, now, ttl
--- Returns JSON {ok = 0/1, status, completed = 0/1}
+-- Returns JSON {ok = 0/1 (the claim held and the decision is recorded), completed = 0/1}
 local meta_key, instr_key, pred_key = KEYS[1], KEYS[2], KEYS[3]
 local round, token = tonumber(ARGV[1]), ARGV[2]
 local instructions, predictions = cjson.decode(ARGV[3]), cjson.decode(ARGV[4])
 local returned, fallback, now, ttl = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 
-local held = redis.call('HMGET', meta_key, 'decision_round', 'decision_token', 'status')
+local held = redis.call('HMGET', meta_key, 'decision_round', 'decision_token')
 if (tonumber(held[1]) or 0) ~= round or held[2] ~= token then
-  return cjson.encode({ok = 0, status = held[3] or '', completed = 0})
+  return cjson.encode({ok = 0, completed = 0})
 end
 local promised = 0
 for _, item in ipairs(instructions) do
@@ -24,17 +24,17 @@ local total_promised = redis.call('HINCRBY', meta_key, 'promised', promised)
 local total_returned = redis.call('HINCRBY', meta_key, 'returned', returned)
 redis.call('HINCRBY', meta_key, 'fallback', fallback)
 redis.call('HSET', meta_key, 'round', round, 'decision_round', 0, 'decision_token', '', 'updated_at', now)
-local status, completed = held[3], 0
+local completed = 0
 if promised == 0 then
   -- Nothing to branch (no candidates, or the budget was returned): nothing is outstanding, so the tree
   -- is settled, and the life cycle decides what it becomes.
   local m = redis.call('HMGET', meta_key, 'rounds', 'expansion_budget', 'bare_leaves')
   local budget_left = (tonumber(m[2]) or 0) - total_promised - total_returned
-  status = settled_status(round, tonumber(m[1]) or 0, budget_left, tonumber(m[3]) or 0, false)
+  local status = settled_status(round, tonumber(m[1]) or 0, budget_left, tonumber(m[3]) or 0, false)
   if is_finished(status) then
     completed = 1
     redis.call('HSET', meta_key, 'status', status, 'finished_at', now)
   end
 end
 for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, ttl) end
-return cjson.encode({ok = 1, status = status, completed = completed})
+return cjson.encode({ok = 1, completed = completed})
