@@ -235,6 +235,19 @@ async def test_stage2_is_due_once_every_bare_rollout_is_scored_and_one_caller_cl
     assert not progress.claim_lapsed(10.0 + LEASE - 1) and progress.claim_lapsed(10.0 + LEASE)
 
 
+async def test_a_resend_after_the_claim_lapsed_claims_the_same_round_again(store: TreeStore) -> None:
+    await store.create_trees([new_tree("t1", budget=2)], now=1.0)
+    first = await settle_bare(store, "t1", now=10.0)
+    resent = await apply(store, "t1", [turn("t1", "b1", reward=0.0)], now=10.0 + LEASE)
+    assert codes(resent) == [EventStatus.DUPLICATE]
+    assert resent.decision_round == 1 and resent.token not in ("", first.token) and resent.tree is not None
+    stale = await store.commit_decision(
+        "t1", job=JOB, offered_from=50.0, round=1, token=first.token, instructions=[], predictions={},
+        returned=2, fallback=0, now=50.0,
+    )  # fmt: skip
+    assert not stale.recorded
+
+
 async def test_a_decision_is_recorded_under_its_claim_and_its_continuations_complete_the_tree(
     store: TreeStore,
 ) -> None:
