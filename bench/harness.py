@@ -34,6 +34,7 @@ import statistics
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -104,14 +105,34 @@ class FinishedTree:
     bare_trials: int
 
 
-def posterior_estimator(queries: Sequence[Query]) -> FloatArray:
-    """MoPPS-style: the Beta(1, 1) posterior mean of the prompt's own outcomes, (1 + s) / (2 + n).
+@runtime_checkable
+class PredictiveEstimator(Protocol):
+    """An estimator that also says how sure it is: each query's Ṽ and the concentration κ of its Beta
+    belief, ``p ~ Beta(κṼ, κ(1 − Ṽ))`` (what `RootBelief.beta` and `RootBelief.thompson` read)."""
+
+    def __call__(self, queries: Sequence[Query]) -> FloatArray: ...
+
+    def predictive(self, queries: Sequence[Query]) -> tuple[FloatArray, FloatArray]: ...
+
+
+class PosteriorEstimator:
+    """MoPPS-style: the Beta(1, 1) posterior of the prompt's own outcomes, mean (1 + s) / (2 + n) and
+    concentration 2 + n.
 
     The same value for a root and for every prefix of its rollouts.
     """
-    successes = np.fromiter((query.successes for query in queries), dtype=np.float64, count=len(queries))
-    trials = np.fromiter((query.trials for query in queries), dtype=np.float64, count=len(queries))
-    return (1.0 + successes) / (2.0 + trials)
+
+    def __call__(self, queries: Sequence[Query]) -> FloatArray:
+        return self.predictive(queries)[0]
+
+    def predictive(self, queries: Sequence[Query]) -> tuple[FloatArray, FloatArray]:
+        count = len(queries)
+        successes = np.fromiter((query.successes for query in queries), dtype=np.float64, count=count)
+        trials = np.fromiter((query.trials for query in queries), dtype=np.float64, count=count)
+        return (1.0 + successes) / (2.0 + trials), 2.0 + trials
+
+
+posterior_estimator = PosteriorEstimator()
 
 
 def oracle_estimator(queries: Sequence[Query]) -> FloatArray:
@@ -124,6 +145,14 @@ class BudgetUnit(StrEnum):
     turns = "turns"
 
 
+class RootBelief(StrEnum):
+    """What TRACE Stage 1 makes of the estimator's root predictions (the Stage 1 levers of issue 12)."""
+
+    point = "point"  # the point value at Ṽ (the service's trace)
+    beta = "beta"  # the expected value over each prompt's Beta belief (RootInputs.concentration)
+    thompson = "thompson"  # the point value at one draw from each prompt's Beta belief
+
+
 @dataclass(frozen=True)
 class Strategy:
     """A named run of a contract policy: its rules (`POLICIES`), the estimator Ṽ they consult, and
@@ -131,13 +160,15 @@ class Strategy:
 
     A policy that keeps only mixed groups (DAPO's dynamic sampling) counts them in `StepResult.kept`;
     effective ratios still divide by sampled groups. A Stage 1 that reads the freshness uses the one
-    learned from the strategy's own earlier trees, as the service does.
+    learned from the strategy's own earlier trees, as the service does. `belief` other than point needs
+    a `PredictiveEstimator`.
     """
 
     name: str
     policy: Policy
     estimator: Estimator = posterior_estimator
     branches: bool = True
+    belief: RootBelief = RootBelief.point
 
     @property
     def rules(self) -> PolicyRules:
@@ -164,6 +195,8 @@ def default_strategies(
         Strategy("trace_root", Policy.TRACE_ROOT, make_estimator()),
         Strategy("trace_prefix", Policy.TRACE_PREFIX, make_estimator()),
         Strategy("trace", Policy.TRACE, make_estimator()),
+        Strategy("trace_beta", Policy.TRACE, make_estimator(), belief=RootBelief.beta),
+        Strategy("trace_thompson", Policy.TRACE, make_estimator(), belief=RootBelief.thompson),
         Strategy("trace_paper", Policy.TRACE_PAPER, make_estimator()),
         Strategy("oracle", Policy.TRACE, oracle_estimator),
         Strategy("oracle_paper", Policy.TRACE_PAPER, oracle_estimator),
@@ -552,10 +585,16 @@ def _root_counts(
     the roots when the rule reads them; `freshness` is the ρ it allocates with (`_freshness_used`)."""
     rule = strategy.rules.roots
     budget = _root_budget(strategy, config)
-    predicted = None
+    predicted = concentration = None
     if Need.ROOT_PREDICTIONS in rule.needs:
         roots = _queries(pool, [workload.start(prompt.prompt_id) for prompt in pool], history)
-        predicted = _estimate(strategy.estimator, roots)
+        if strategy.belief is RootBelief.point:
+            predicted = _estimate(strategy.estimator, roots)
+        else:
+            predicted, concentration = _estimate_belief(strategy.estimator, roots)
+    valued = predicted
+    if strategy.belief is RootBelief.thompson and predicted is not None and concentration is not None:
+        valued, concentration = _thompson_draw(predicted, concentration, rng), None
     records = [history.get(prompt.prompt_id, PromptRecord()) for prompt in pool]
     inputs = RootInputs(
         n_prompts=len(pool),
@@ -566,7 +605,8 @@ def _root_counts(
         # the budget is dealt over them, so that every rule spends the same budget.
         max_prompts=max(budget // config.group_size, 1) if rule.equal_groups else config.max_prompts,
         expansion=config.expansion if strategy.branches else 0.0,
-        predicted=predicted,
+        predicted=valued,
+        concentration=concentration,
         freshness=freshness,
         zero_variance_streak=np.array([record.zero_variance_streak for record in records], dtype=np.int64),
         rng=rng,
@@ -753,11 +793,35 @@ def _prefix_estimates(
     return np.split(estimates, bounds)
 
 
+def _estimate_belief(estimator: Estimator, queries: Sequence[Query]) -> tuple[FloatArray, FloatArray]:
+    """Ṽ and the Beta belief's concentration at each query, from a `PredictiveEstimator`."""
+    if not isinstance(estimator, PredictiveEstimator):
+        raise ValueError("a Beta belief needs an estimator with predictive() (a PredictiveEstimator)")
+    mean, concentration = (np.asarray(values, dtype=np.float64) for values in estimator.predictive(queries))
+    _check_estimates(mean, len(queries))
+    if concentration.shape != mean.shape or not np.all(concentration > 0.0):
+        raise ValueError("the estimator's concentrations must be > 0, one per query")
+    return mean, concentration
+
+
+def _thompson_draw(mean: FloatArray, concentration: FloatArray, rng: np.random.Generator) -> FloatArray:
+    """One draw of each prompt's success from Beta(κṼ, κ(1 − Ṽ)); a certain Ṽ (0, 1, κ = ∞) is kept."""
+    spread = (mean > 0.0) & (mean < 1.0) & np.isfinite(concentration)
+    draw = mean.copy()
+    draw[spread] = rng.beta(
+        concentration[spread] * mean[spread], concentration[spread] * (1.0 - mean[spread])
+    )
+    return draw
+
+
 def _estimate(estimator: Estimator, queries: Sequence[Query]) -> FloatArray:
     """Call a pluggable estimator and check its answer: one probability per query."""
-    estimates = np.asarray(estimator(queries), dtype=np.float64)
-    if estimates.shape != (len(queries),):
-        raise ValueError(f"the estimator returned shape {estimates.shape} for {len(queries)} queries")
+    return _check_estimates(np.asarray(estimator(queries), dtype=np.float64), len(queries))
+
+
+def _check_estimates(estimates: FloatArray, count: int) -> FloatArray:
+    if estimates.shape != (count,):
+        raise ValueError(f"the estimator returned shape {estimates.shape} for {count} queries")
     if not np.all((estimates >= 0.0) & (estimates <= 1.0)):
         raise ValueError("the estimator returned values outside [0, 1] (or NaN)")
     return estimates

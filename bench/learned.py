@@ -14,6 +14,7 @@ from trace_client.sim import Prompt, RolloutState
 from trace_service.predictor import (
     EncodedHistory,
     OutcomeCounts,
+    Predictive,
     PredictorConfig,
     RootGroup,
     SuccessPredictor,
@@ -54,11 +55,15 @@ class LearnedEstimator:
         return encoded
 
     def __call__(self, queries: Sequence[Query]) -> npt.NDArray[np.float64]:
+        return self.predictive(queries).mean
+
+    def predictive(self, queries: Sequence[Query]) -> Predictive:
+        """Ṽ and each prompt's posterior concentration (``SuccessPredictor.predictive``)."""
         batch = [
             PredictorQuery(self._encode(q.prompt, q.state), OutcomeCounts(q.successes, q.trials))
             for q in queries
         ]
-        return self.predictor.predict(batch)
+        return self.predictor.predictive(batch)
 
     def observe(self, trees: Sequence[FinishedTree]) -> None:
         for tree in trees:

@@ -87,9 +87,12 @@ class RootInputs:
     zero_variance_streak: IntArray | None = None
     rng: np.random.Generator | None = None
     greso_keep_probability: float = GRESO_KEEP_PROBABILITY
+    # The concentration κ + n of each prompt's Beta posterior around ``predicted``; when supplied, TRACE
+    # values rollouts by the expectation over that belief (``stage1``), else at the point ``predicted``.
+    concentration: FloatArray | None = None
 
     def __post_init__(self) -> None:
-        for name in ("predicted", "zero_variance_streak"):
+        for name in ("predicted", "zero_variance_streak", "concentration"):
             value = getattr(self, name)
             if value is not None and np.shape(value) != (self.n_prompts,):
                 raise ValueError(f"{name} must have shape ({self.n_prompts},), got {np.shape(value)}")
@@ -144,7 +147,8 @@ def _given(value: _Value | None, need: Need, rule: str) -> _Value:
 
 def _trace_roots(inputs: RootInputs) -> IntArray:
     """TRACE Stage 1, the joint objective: ``max Σ_i V_root(Ṽ_i, m_i)`` with ``z₁ = v(1 − ρ(1 − v))^N``,
-    ``z₀ = (1 − v)(1 − ρv)^N`` at the learned freshness ρ (``stage1``)."""
+    ``z₀ = (1 − v)(1 − ρv)^N`` at the learned freshness ρ (``stage1``); with ``concentration``, V_root's
+    expectation over each prompt's Beta belief (an ablation the service does not supply)."""
     return allocate_roots(
         _given(inputs.predicted, Need.ROOT_PREDICTIONS, "trace"),
         inputs.budget,
@@ -153,6 +157,7 @@ def _trace_roots(inputs: RootInputs) -> IntArray:
         max_prompts=inputs.max_prompts,
         expansion=inputs.expansion,
         freshness=_given(inputs.freshness, Need.FRESHNESS, "trace"),
+        concentration=inputs.concentration,
     ).counts
 
 
