@@ -6,7 +6,14 @@ import pydantic_core
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import ValidationError
 
-from trace_proto import ExpandEvent, ExpandRequest, ExpandResponse, InstructionsResponse, RejectedEvent
+from trace_proto import (
+    EventStatus,
+    ExpandEvent,
+    ExpandRequest,
+    ExpandResponse,
+    InstructionsResponse,
+    RejectedEvent,
+)
 from trace_proto.v1 import limits, paths
 from trace_proto.v1.common import JobName
 from trace_service.deps import InstructionsDep, IntakeDep
@@ -94,7 +101,9 @@ def parse_events(body: bytes) -> tuple[list[ExpandEvent], list[RejectedEvent]]:
                 f"{'.'.join(map(str, e['loc'])) or 'event'}: {e['msg']}" for e in error.errors()
             )
             rejected.append(
-                RejectedEvent(event_id=_event_label(raw, index), status=422, error=_readable(reason))
+                RejectedEvent(
+                    event_id=_event_label(raw, index), status=EventStatus.INVALID, error=_readable(reason)
+                )
             )
     return events, rejected
 
