@@ -178,8 +178,9 @@ class Strategy:
 def default_strategies(
     make_estimator: Callable[[], Estimator] = lambda: posterior_estimator,
 ) -> list[Strategy]:
-    """The benchmark's line-up; `make_estimator()` gives TRACE's (and PCL's) Ṽ — a fresh one per strategy,
-    so that a learning estimator learns only from its own strategy's trees; the oracle reads the truth.
+    """The benchmark's line-up; `make_estimator()` gives the Ṽ of TRACE, PCL and Knapsack (as the service's
+    predictor does) — a fresh one per strategy, so that a learning estimator learns only from its own
+    strategy's trees; the oracle reads the truth.
 
     The baselines whose Stage 2 is an even spread run flat (GRPO-style groups of n at R rollouts);
     TRACE root-only (random Stage 2) and prefix-only (uniform Stage 1) branch, so each ablation spends
@@ -190,7 +191,7 @@ def default_strategies(
         Strategy("dapo", Policy.DAPO, branches=False),
         Strategy("greso", Policy.GRESO, branches=False),
         Strategy("pcl", Policy.PCL, make_estimator(), branches=False),
-        Strategy("knapsack", Policy.KNAPSACK, branches=False),
+        Strategy("knapsack", Policy.KNAPSACK, make_estimator(), branches=False),
         Strategy("treepo", Policy.TREEPO),
         Strategy("trace_root", Policy.TRACE_ROOT, make_estimator()),
         Strategy("trace_prefix", Policy.TRACE_PREFIX, make_estimator()),
