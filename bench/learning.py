@@ -65,11 +65,11 @@ from bench.harness import (
     oracle_estimator,
     run_step,
 )
-from bench.load import RedisProcess, ServiceProcess
 from bench.plotting import FIXED, line_colors
 from bench.protocol import add_family_arguments, chosen_families, protocol_line
 from trace_client import AsyncTraceClient
 from trace_client.driver import DriverConfig, FinishedTree, RolloutDriver
+from trace_client.local import RedisServer, ServiceProcess
 from trace_client.sim import FAMILIES, Prompt, RolloutState, make_workload
 from trace_client.sim.base import PolicyWorkload
 from trace_client.sim.tabular import softmax_rows as softmax  # π_θ(· | c) row by row
@@ -452,7 +452,7 @@ def start_services(
     family: str,
     seed: int,
     arms: Sequence[Arm],
-    redis: RedisProcess,
+    redis: RedisServer,
     directory: Path,
     template: PolicyWorkload,
 ) -> dict[str, ServiceProcess]:
@@ -464,11 +464,11 @@ def start_services(
             continue
         if arm.reads_predictor:
             settings = service_settings(f"learn-{family}-{seed}-{arm.name}", template, trainer=True)
-            services[arm.name] = ServiceProcess(redis.url, directory, settings)
+            services[arm.name] = ServiceProcess(redis.url, directory, settings).start()
             continue
         if shared is None:
             settings = service_settings(f"learn-{family}-{seed}-shared", template, trainer=False)
-            shared = ServiceProcess(redis.url, directory, settings)
+            shared = ServiceProcess(redis.url, directory, settings).start()
         services[arm.name] = shared
     return services
 
@@ -484,7 +484,7 @@ async def run_family_seed(
     seed: int,
     arms: Sequence[Arm],
     args: argparse.Namespace,
-    redis: RedisProcess,
+    redis: RedisServer,
     directory: Path,
 ) -> dict[str, Curve]:
     """Every arm on one family and training seed, in lockstep; the curves by arm name."""
@@ -739,8 +739,7 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     results: dict[str, dict[int, dict[str, Curve]]] = {}
     with tempfile.TemporaryDirectory() as directory:
-        redis = RedisProcess(Path(directory), append_only=False)
-        redis.start()
+        redis = RedisServer(Path(directory), append_only=False).start()
         try:
             for family in args.families:
                 for seed in range(args.seeds):

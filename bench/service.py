@@ -34,7 +34,6 @@ import random
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -43,9 +42,8 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.load import RedisProcess, ServiceProcess, percentile
+from trace_client.load import percentile
+from trace_client.local import RedisServer, ServiceProcess
 
 
 def cpu_seconds(pid: int) -> float:
@@ -338,16 +336,15 @@ def main() -> None:
     settings = {"TRACE_LOG_LEVEL": "WARNING"}
     separate = args.trainer == "separate"
     with tempfile.TemporaryDirectory() as directory:
-        redis = RedisProcess(Path(directory), append_only=False)
-        redis.start()
+        redis = RedisServer(Path(directory), append_only=False).start()
         service = ServiceProcess(
             redis.url, Path(directory), {**settings, "TRACE_TRAINER": str(not separate).lower()}
-        )
+        ).start()
         # The deployed topology: serving replicas, and one replica that trains (and serves no traffic).
         trainer = (
             ServiceProcess(
                 redis.url, Path(directory), {**settings, "TRACE_TORCH_THREADS": str(args.trainer_threads)}
-            )
+            ).start()
             if separate
             else None
         )

@@ -1,24 +1,27 @@
-"""Fixtures shared by the whole suite: throwaway redis-servers and live service instances."""
+"""Fixtures shared by the whole suite: a throwaway redis-server and live service instances, from
+`trace_client.local` (the one harness of tests, benchmarks and the demo)."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from support import LiveService, RedisServer, make_settings
+from support import LiveService, make_settings
+
+from trace_client.local import RedisNotInstalled, RedisServer
 
 
 @pytest.fixture(scope="session")
-def redis_server() -> Iterator[RedisServer]:
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed (scripts/test installs it)")
-    with tempfile.TemporaryDirectory() as directory:
-        server = RedisServer(Path(directory))
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One redis-server for the session (append-only file on); tests keep apart by key prefix."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    try:
         server.start()
+    except RedisNotInstalled as missing:
+        pytest.skip(str(missing))
+    try:
         yield server
+    finally:
         server.stop()
 
 

@@ -11,8 +11,8 @@ import sys
 import time
 
 import httpx
-from support import free_port, wait_for_port
 
+from trace_client.local import free_port, wait_for_port
 from trace_service.logs import TEXT_FORMAT, JsonFormatter, RequestIdFilter
 from trace_service.middleware import REQUEST_ID
 

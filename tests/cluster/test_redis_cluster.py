@@ -3,95 +3,38 @@ replicas under duplicate/reordered storms, and every key written carries an expi
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
-from support import LiveService, free_ports, make_settings, rollout, wait_for_port
+from support import LiveService, make_settings, rollout
 
-from bench.load import Ledger, LoadConfig, LoadRun, Replicas, export_run
 from trace_client import TraceClient
+from trace_client.load import Ledger, LoadConfig, LoadRun, Replicas, export_run
+from trace_client.local import RedisCluster, RedisNotInstalled
 from trace_proto import AllocateRequest, ExpandEvent, Instruction, PromptIn, TreeStatus
 
 _TREES = 12  # all on one master by chance: 3 · 3⁻¹² ≈ 6e-6
 STORM = LoadConfig(steps=1, prompts=12, rollouts_per_prompt=4, workers=4, storm=True)
 
 
-class RedisClusterNodes:
-    """Three redis-server masters on loopback ports, each in its own directory, joined into one cluster."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        # Client ports and cluster-bus ports, all distinct.
-        ports = free_ports(6)
-        self.ports, self.bus_ports = ports[:3], ports[3:]
-        self.processes: list[subprocess.Popen[bytes]] = []
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.ports[0]}"
-
-    def start(self) -> None:
-        for port, bus_port in zip(self.ports, self.bus_ports, strict=True):
-            node_dir = self.directory / str(port)
-            node_dir.mkdir()
-            self.processes.append(
-                subprocess.Popen(
-                    ["redis-server", "--port", str(port), "--cluster-port", str(bus_port),
-                     "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--bind", "127.0.0.1",
-                     "--save", "", "--appendonly", "no", "--protected-mode", "no", "--dir", str(node_dir)],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            )  # fmt: skip
-        for port in self.ports:
-            wait_for_port(port)
-        subprocess.run(
-            ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{port}" for port in self.ports),
-             "--cluster-replicas", "0", "--cluster-yes"],
-            check=True,
-            capture_output=True,
-            timeout=30,
-        )  # fmt: skip
-        deadline = time.monotonic() + 20
-        while not all(self._state_ok(port) for port in self.ports):
-            if time.monotonic() > deadline:
-                raise TimeoutError("the cluster did not reach cluster_state:ok")
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        for process in self.processes:
-            process.terminate()
-        for process in self.processes:
-            process.wait(timeout=10)
-
-    def node(self, port: int) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=port, decode_responses=True)
-
-    def _state_ok(self, port: int) -> bool:
-        with self.node(port) as node:
-            info = node.execute_command("CLUSTER INFO")  # redis-py parses it into a dict
-        return bool(info["cluster_state"] == "ok")
-
-
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[RedisClusterNodes]:
-    missing = [tool for tool in ("redis-server", "redis-cli") if shutil.which(tool) is None]
-    if missing:
-        pytest.skip(f"{' and '.join(missing)} not installed: Debian's redis-server package carries both")
-    with tempfile.TemporaryDirectory() as directory:
-        nodes = RedisClusterNodes(Path(directory))
-        try:
-            nodes.start()
-            yield nodes
-        finally:
-            nodes.stop()
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    nodes = RedisCluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        nodes.start()
+    except RedisNotInstalled as missing:
+        pytest.skip(str(missing))
+    try:
+        yield nodes
+    finally:
+        nodes.stop()
+
+
+def node(port: int) -> redis.Redis:
+    return redis.Redis(host="127.0.0.1", port=port, decode_responses=True)
 
 
 def continuations(instructions: list[Instruction]) -> list[ExpandEvent]:
@@ -103,23 +46,25 @@ def continuations(instructions: list[Instruction]) -> list[ExpandEvent]:
     ]
 
 
-def keys_by_node(cluster: RedisClusterNodes, prefix: str) -> dict[int, dict[str, int]]:
+def keys_by_node(cluster: RedisCluster, prefix: str) -> dict[int, dict[str, int]]:
     """Every key under `prefix` on every master, with its TTL in seconds (-1: none)."""
     found: dict[int, dict[str, int]] = {}
     for port in cluster.ports:
-        with cluster.node(port) as node:
-            found[port] = {key: int(node.ttl(key)) for key in node.scan_iter(match=f"{prefix}:*", count=1000)}
+        with node(port) as master:
+            found[port] = {
+                key: int(master.ttl(key)) for key in master.scan_iter(match=f"{prefix}:*", count=1000)
+            }
     return found
 
 
-def assert_every_key_expires(cluster: RedisClusterNodes, prefix: str) -> None:
+def assert_every_key_expires(cluster: RedisCluster, prefix: str) -> None:
     keys = keys_by_node(cluster, prefix)
     assert any(keys.values())
     without_expiry = {key: ttl for found in keys.values() for key, ttl in found.items() if ttl <= 0}
     assert without_expiry == {}
 
 
-def wait_for_published_weights(cluster: RedisClusterNodes, prefix: str) -> None:
+def wait_for_published_weights(cluster: RedisCluster, prefix: str) -> None:
     """Until the first publication of predictor weights has its expiry.  A replica shut down while it
     publishes for the first time leaves an immortal key (tests/fault/test_fault_store_windows.py shows
     that bug on its own); waiting keeps it out of these tests."""
@@ -130,7 +75,7 @@ def wait_for_published_weights(cluster: RedisClusterNodes, prefix: str) -> None:
             time.sleep(0.05)
 
 
-def test_the_v1_flow_on_a_three_master_cluster(cluster: RedisClusterNodes) -> None:
+def test_the_v1_flow_on_a_three_master_cluster(cluster: RedisCluster) -> None:
     settings = make_settings(cluster.url, store_cluster=True)
     prompts = [PromptIn(prompt_id=f"p{i}", text=f"task {i}") for i in range(_TREES)]
     live = LiveService(settings)
@@ -197,7 +142,7 @@ def test_the_v1_flow_on_a_three_master_cluster(cluster: RedisClusterNodes) -> No
     assert_every_key_expires(cluster, settings.store_prefix)
 
 
-async def test_two_replicas_under_storms_on_a_cluster(cluster: RedisClusterNodes) -> None:
+async def test_two_replicas_under_storms_on_a_cluster(cluster: RedisCluster) -> None:
     """Concurrent duplicate and reordered batches from two replicas: claims, decisions, sweeps and job
     indexes on several slots at once."""
     settings = make_settings(cluster.url, store_cluster=True, lease_seconds=2, decision_lease_seconds=2)

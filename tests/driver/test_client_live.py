@@ -27,7 +27,7 @@ from trace_client import (
     TraceUnavailable,
 )
 from trace_client.driver import DriverConfig, RolloutDriver
-from trace_client.local import LocalService
+from trace_client.local import ThreadedService
 from trace_client.sim import SimWorkload
 from trace_client.sim.workers import SimAgent
 from trace_proto import AllocateRequest, ExpandEvent, PromptIn, paths
@@ -92,11 +92,11 @@ async def _unavailable(send: Send, retry_after: str) -> None:
 @pytest.fixture
 def gateway_at() -> Iterator[Callable[..., tuple[str, Gateway]]]:
     """`gateway_at(plan, **options)`: a fresh service behind a gateway; returns its URL and the gateway."""
-    services: list[LocalService] = []
+    services: list[ThreadedService] = []
 
     def start(plan: Callable[[str, str, int], Fault], **options: Any) -> tuple[str, Gateway]:
         gateway = Gateway(create_app(quiet_settings()), plan, **options)
-        service = LocalService(gateway).__enter__()
+        service = ThreadedService(gateway).__enter__()
         services.append(service)
         return service.url, gateway
 
@@ -188,7 +188,7 @@ def test_nothing_listening_is_a_connection_error() -> None:
 
 
 def test_error_answers_of_the_real_service_carry_status_and_request_id() -> None:
-    with LocalService(create_app(quiet_settings(auth_tokens="secret"))) as service:
+    with ThreadedService(create_app(quiet_settings(auth_tokens="secret"))) as service:
         with TraceClient(service.url, token="secret") as client, pytest.raises(TraceNotFound) as missing:
             client.get_tree("no-such-tree")
         with TraceClient(service.url) as anonymous, pytest.raises(TraceAuthError) as refused:

@@ -1,5 +1,5 @@
-"""Shared by the fault tests: the load harness of `bench/load.py`, replica settings that match its service
-processes, and a store call that fails once."""
+"""Shared by the fault tests: replica settings for the load of `trace_client.load` (the one `bench/load.py`
+runs too), the audit's verdict, and a store call that fails once."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 from support import make_settings
 
-from bench.load import FAULT_TOLERANT_SETTINGS, Audit
+from trace_client.load import FAULT_TOLERANT_SETTINGS, Audit
 from trace_service.settings import Settings
 from trace_service.store import RedisClient, TreeStore
 
@@ -21,8 +21,8 @@ def new_prefix() -> str:
 
 
 def replica_settings(store_url: str, prefix: str, **overrides: object) -> Settings:
-    """An in-process replica configured like the service processes of `bench/load.py` (short leases), on
-    the key prefix it shares with its peers."""
+    """An in-process replica configured like the service processes under the load (short leases), on the
+    key prefix it shares with its peers."""
     values: dict[str, object] = {
         name.removeprefix("TRACE_").lower(): value for name, value in FAULT_TOLERANT_SETTINGS.items()
     }

@@ -5,15 +5,15 @@ request is refused any more."""
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import pytest
 from fault_support import assert_clean, new_prefix, replica_settings
-from support import LiveService, RedisServer
+from support import LiveService
 
-from bench.load import Ledger, LoadConfig, LoadRun, Replicas, export_run
 from trace_client import AsyncTraceClient, TraceUnavailable
+from trace_client.load import Ledger, LoadConfig, LoadRun, Replicas, export_run
+from trace_client.local import RedisServer
 
 #: A tree the fault leaves stuck would be closed at the step's deadline: "completed or explicitly
 #: closed" is the requirement (test_fault_store_windows.py pins each recovery path down).
@@ -33,9 +33,7 @@ async def test_redis_restarted_mid_run_gives_503s_then_loses_nothing(tmp_path: P
     def restart() -> None:
         """SIGTERM (Redis writes its append-only file), a pause, the same port and directory again."""
         outage.append(len(replicas.ledger.acknowledged))
-        redis.stop()
-        time.sleep(_DOWN_SECONDS)
-        redis.start()
+        redis.restart(down_seconds=_DOWN_SECONDS)
 
     try:
         with LiveService(settings) as first, LiveService(settings) as second:
@@ -76,8 +74,7 @@ async def test_once_redis_is_back_no_request_is_refused(tmp_path: Path) -> None:
         with LiveService(replica_settings(redis.url, new_prefix())) as live:
             async with AsyncTraceClient(live.url, max_retries=0) as client:
                 assert await unavailable_in_a_burst(client) == 0  # the pool now holds several connections
-                redis.stop()
-                redis.start()
+                redis.restart()
                 for _ in range(200):  # at most ten seconds until /readyz sees the store again
                     if (await client.ready()).ready:
                         break

@@ -16,9 +16,10 @@ from typing import TypeVar
 import pytest
 from fault_support import fail_once, new_prefix, replica_settings
 from redis.exceptions import ConnectionError as RedisConnectionError
-from support import LiveService, RedisServer, rollout
+from support import LiveService, rollout
 
 from trace_client import TraceClient, TraceUnavailable
+from trace_client.local import RedisServer
 from trace_proto import AllocateRequest, ExpandEvent, Instruction, PromptIn, TreeAllocation
 from trace_service.store import TreeStore, connect
 

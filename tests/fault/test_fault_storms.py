@@ -9,10 +9,11 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 from fault_support import assert_clean, new_prefix, replica_settings
-from support import LiveService, RedisServer, rollout
+from support import LiveService, rollout
 
-from bench.load import UNKNOWN_PARENT, Ledger, LoadConfig, LoadRun, Replicas, export_run
 from trace_client import AsyncTraceClient
+from trace_client.load import UNKNOWN_PARENT, Ledger, LoadConfig, LoadRun, Replicas, export_run
+from trace_client.local import RedisServer
 from trace_proto import AllocateRequest, ExpandEvent, ExpandResponse, Instruction, PromptIn, TreeStatus
 
 _COPIES = 3

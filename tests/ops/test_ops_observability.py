@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -27,6 +26,7 @@ from ops_support import (
 )
 from prometheus_client import CollectorRegistry, start_http_server
 
+from trace_client.local import free_port
 from trace_service.metrics import Metrics
 
 ALERT_TESTS = Path(__file__).with_name("alert_rules_test.yaml")
@@ -144,13 +144,6 @@ def populate(metrics: Metrics) -> None:
     metrics.predictor_load_failures.inc(0)
     metrics.store_errors.labels("apply_events").inc()
     metrics.store_up.set(1)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 class Prometheus:

@@ -16,7 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from support import free_port
+
+from trace_client.local import free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
 

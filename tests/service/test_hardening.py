@@ -13,8 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from support import LiveService, free_port, make_settings, rollout, turn
+from support import LiveService, make_settings, rollout, turn
 
+from trace_client.local import free_port
 from trace_proto import AllocateRequest, Policy, PromptIn
 from trace_proto.v1 import limits
 from trace_service.app import create_app

@@ -12,9 +12,10 @@ from typing import Any
 import httpx
 import pytest
 from redis.exceptions import DataError
-from support import LiveService, RedisServer, free_port, make_settings, rollout, turn
+from support import LiveService, make_settings, rollout, turn
 
 from trace_client import AsyncTraceClient, TraceClient
+from trace_client.local import RedisServer, free_port
 from trace_proto import AllocateRequest, PromptIn
 from trace_service.app import create_app
 from trace_service.engine import Engine, maintenance
