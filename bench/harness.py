@@ -150,7 +150,7 @@ class RootBelief(StrEnum):
 
     point = "point"  # the point value at Ṽ (the service's trace)
     beta = "beta"  # the expected value over each prompt's Beta belief (RootInputs.concentration)
-    thompson = "thompson"  # the point value at one draw from each prompt's Beta belief
+    thompson = "thompson"  # the point value at one Beta draw for each prompt with no earlier rollouts
 
 
 @dataclass(frozen=True)
@@ -593,10 +593,13 @@ def _root_counts(
             predicted = _estimate(strategy.estimator, roots)
         else:
             predicted, concentration = _estimate_belief(strategy.estimator, roots)
+    records = [history.get(prompt.prompt_id, PromptRecord()) for prompt in pool]
     valued = predicted
     if strategy.belief is RootBelief.thompson and predicted is not None and concentration is not None:
-        valued, concentration = _thompson_draw(predicted, concentration, rng), None
-    records = [history.get(prompt.prompt_id, PromptRecord()) for prompt in pool]
+        # Explore where there is no evidence yet: a prompt with earlier rollouts keeps its posterior mean.
+        unseen = np.array([record.trials == 0 for record in records], dtype=bool)
+        valued = _thompson_draw(predicted, np.where(unseen, concentration, np.inf), rng)
+        concentration = None
     inputs = RootInputs(
         n_prompts=len(pool),
         budget=budget,

@@ -22,6 +22,7 @@ from bench.harness import (
     Strategy,
     _thompson_draw,
     oracle_estimator,
+    posterior_estimator,
     run_step,
 )
 
@@ -41,10 +42,11 @@ class CertainOracle:
         return oracle_estimator(queries), np.full(len(queries), np.inf)
 
 
-def step(strategy: Strategy) -> list[int]:
+def step(strategy: Strategy, *, seen: bool = False) -> list[int]:
+    """One step's (rollouts, active, mixed); with ``seen`` every pool prompt had one earlier rollout."""
     workload = make_react(0)
     pool = workload.epoch_pool(0, 32)
-    history: dict[str, PromptRecord] = {}
+    history = {prompt.prompt_id: PromptRecord(index % 2, 1) for index, prompt in enumerate(pool) if seen}
     result = run_step(workload, strategy, pool, history, CONFIG, np.random.default_rng(5), learn=False)
     return [result.rollouts, result.active, result.mixed]
 
@@ -69,3 +71,9 @@ def test_thompson_draws_follow_the_beta_and_keep_certain_prompts() -> None:
     # Beta(1.2, 2.8): mean 0.3, variance 0.21 / 5.
     assert draws[:, 3].mean() == pytest.approx(0.3, abs=0.01)
     assert draws[:, 3].var() == pytest.approx(0.21 / 5, rel=0.1)
+
+
+def test_thompson_explores_only_prompts_without_earlier_rollouts() -> None:
+    point = step(Strategy("trace", Policy.TRACE, posterior_estimator), seen=True)
+    thompson = Strategy("trace_thompson", Policy.TRACE, posterior_estimator, belief=RootBelief.thompson)
+    assert step(thompson, seen=True) == point
