@@ -4,18 +4,13 @@ gradient can be checked against finite differences."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
+from bench.learning import softmax
 from trace_client.sim import Prompt, RolloutState, Turn
 from trace_client.sim.base import FloatArray, PolicyWorkload
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root holds `bench`
-
-from bench.learning import softmax
 
 
 class TinyPolicyWorkload(PolicyWorkload):

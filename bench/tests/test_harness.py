@@ -3,17 +3,10 @@ rollouts and in turns."""
 
 import functools
 import math
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import pytest
-
-from trace_client.sim import FAMILIES, Prompt, RolloutState, VocabularyConfig, Workload, make_workload
-from trace_proto import Policy
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root holds `bench`
 
 from bench.harness import (
     BudgetUnit,
@@ -28,6 +21,8 @@ from bench.harness import (
     run_step,
     run_strategy,
 )
+from trace_client.sim import FAMILIES, Prompt, RolloutState, VocabularyConfig, Workload, make_workload
+from trace_proto import Policy
 
 # Small enough for a fast file, large enough that every strategy has choices to make.
 make_react = functools.partial(
