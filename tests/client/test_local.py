@@ -4,7 +4,6 @@ binary is missing or a process dies."""
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import socket
@@ -59,8 +58,7 @@ def test_wait_for_port_stops_waiting_when_the_process_exits(tmp_path: Path) -> N
 def test_the_import_pulls_in_neither_the_service_nor_uvicorn() -> None:
     """The base client install has neither: only what starts a service may import them."""
     probe = "import sys, trace_client.local; print(sorted({'trace_service', 'uvicorn'} & set(sys.modules)))"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}
-    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
 
