@@ -7,8 +7,6 @@ import contextlib
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,56 +15,20 @@ import httpx
 import pytest
 import redis
 
-from trace_client.local import free_port
+from trace_client.local import ServiceProcess
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
 
 
-class ServiceProcess:
-    """``uvicorn trace_service.app:create_app`` on the embedded store in ``data_dir``."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        self.port = free_port()
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        env = {
-            **os.environ,
-            "TRACE_STORE_URL": "",
-            "TRACE_DATA_DIR": str(self.data_dir),
-            "TRACE_TRAIN_INTERVAL_SECONDS": "0.2",
-            "TRACE_SWEEP_INTERVAL_SECONDS": "0.2",
-            "TRACE_TORCH_THREADS": "1",
-        }
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "trace_service.app:create_app", "--factory",
-             "--port", str(self.port), "--log-level", "warning"],
-            env=env,
-        )  # fmt: skip
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/readyz").status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError("the service did not become ready")
-
-    def kill(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait()
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=30)
+def embedded_service(data_dir: Path, directory: Path) -> ServiceProcess:
+    """`trace-rollout serve` on the embedded store in `data_dir`, its log in `directory`."""
+    environment = {
+        "TRACE_DATA_DIR": str(data_dir),
+        "TRACE_TRAIN_INTERVAL_SECONDS": "0.2",
+        "TRACE_SWEEP_INTERVAL_SECONDS": "0.2",
+        "TRACE_TORCH_THREADS": "1",
+    }
+    return ServiceProcess("", directory, environment)
 
 
 def store_client(data_dir: Path) -> redis.Redis:
@@ -125,9 +87,9 @@ def wait_for_published_predictor(client: httpx.Client, data_dir: Path) -> int:
 
 
 @pytest.mark.parametrize("crash", ["clean restart", "kill -9 of the service", "kill -9 of both"])
-def test_the_embedded_store_survives(data_dir: Path, crash: str) -> None:
-    service = ServiceProcess(data_dir)
-    service.start()
+def test_the_embedded_store_survives(data_dir: Path, tmp_path: Path, crash: str) -> None:
+    service = embedded_service(data_dir, tmp_path)
+    service.start().wait_ready(60)
     try:
         with httpx.Client(base_url=service.url, timeout=30) as client:
             tree_id = finished_step(client)
@@ -146,7 +108,7 @@ def test_the_embedded_store_survives(data_dir: Path, crash: str) -> None:
                 pid = int(store_client(data_dir).info("server")["process_id"])
                 os.kill(pid, signal.SIGKILL)
                 time.sleep(0.2)
-        service.start()
+        service.start().wait_ready(60)
         with httpx.Client(base_url=service.url, timeout=30) as client:
             assert client.get(f"/v1/trees/{tree_id}").json() == before
             assert client.get("/v1/jobs/default/stats").json()["steps"][0] == stats["steps"][0]
