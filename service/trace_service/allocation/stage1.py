@@ -46,18 +46,19 @@ the value of m rollouts is the expectation over that belief,
 
     V̄(v, κ, m) = E_{p ~ Beta(κv, κ(1 − v))} [1 − z₁(p)^m − z₀(p)^m],
 
-which is below the point value ``V(v, m)`` (Jensen, for a dispersed belief a mid-range mean often hides
-a p near 0 or 1) and tends to it as κ → ∞.  The solver's guarantees rest on two properties of each
-curve: ``Δ_m`` decreases for m ≥ 1, and the block's average gain ``V(lo)/lo`` is at least ``Δ_lo``
-(:func:`_smallest_group`).  Both hold for every fixed p, and both are *linear* inequalities in the curve
-(``Δ_m − Δ_{m+1} ≥ 0``, ``V(lo) − lo·Δ_lo ≥ 0``), so they hold for any mixture over p, the Beta
-belief included: the envelope greedy is still an upper bound and the solver is still within one block
-of the optimum.  The exchange argument needs more: with one common κ it still holds, since
-``E[p^m] = ∏_{j<m} (κv + j)/(κ + j)`` is a polynomial in v with positive coefficients (convex and
-increasing on [0, 1]), so ``E[p^m] + E[(1 − p)^m]`` is convex and symmetric about ½ and ``V̄`` falls as
-``|v − ½|`` grows for every m; the solver is then exact for the paper's objective.  With per-prompt
-concentrations the curves of two prompts may cross (at ½ with κ = 1 a prompt is worth more than a sure
-0.05 for two rollouts, less for 64), and the solver is within one block (tested against the DP).
+which tends to the point value ``V(v, m)`` as κ → ∞ and, for the paper's value (concave in p), lies
+below it (Jensen: for a dispersed belief a mid-range mean often hides a p near 0 or 1).  The solver's
+guarantees rest on two properties of each curve: ``Δ_m`` decreases for m ≥ 1, and the block's average
+gain ``V(lo)/lo`` is at least ``Δ_lo`` (:func:`_smallest_group`).  Both hold for every fixed p, and both
+are *linear* inequalities in the curve (``Δ_m − Δ_{m+1} ≥ 0``, ``V(lo) − lo·Δ_lo ≥ 0``), so they hold
+for any mixture over p, the Beta belief included: the envelope greedy is still an upper bound and the
+solver is still within one block of the optimum.  The exchange argument needs more: with one common κ it
+still holds, since ``E[p^m] = ∏_{j<m} (κv + j)/(κ + j)`` is a polynomial in v with positive coefficients
+(convex and increasing on [0, 1]), so ``E[p^m] + E[(1 − p)^m]`` is convex and symmetric about ½ and
+``V̄`` falls as ``|v − ½|`` grows for every m; the solver is then exact for the paper's objective.  With
+per-prompt concentrations the curves of two prompts may cross (at ½ with κ = 1 a prompt is worth more
+than a sure 0.05 for two rollouts, less for 64), and the solver is within one block (tested against the
+DP).
 
 The expectation is a Gauss–Jacobi quadrature (:func:`beta_quadrature`): ``_BETA_NODES`` nodes and
 positive weights per prompt, exact for polynomials in p of degree < 2·``_BETA_NODES`` (the paper's value
