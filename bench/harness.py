@@ -51,6 +51,7 @@ from trace_service.allocation import (
     allocate_roots,
     dapo_keep,
     effective_ratio,
+    is_mixed,
     root_value,
     round_budgets,
 )
@@ -403,7 +404,7 @@ class _Forest:
         visits = np.bincount(owner, weights=targets.visits[top], minlength=count).astype(np.int64)
         forks = np.fromiter(self.forks, dtype=np.int64, count=len(self.forks))
         fork_successes, fork_visits = targets.successes[forks], targets.visits[forks]
-        mixed_forks = int(np.count_nonzero((fork_successes > 0) & (fork_successes < fork_visits)))
+        mixed_forks = int(np.count_nonzero(is_mixed(fork_successes, fork_visits)))
         return successes, visits, mixed_forks
 
 
@@ -458,7 +459,7 @@ def run_step(
     # A group the turn budget could not admit was never started: its prompt counts as skipped.
     started = visits > 0
     ratio = effective_ratio(successes[started], visits[started], skipped=len(pool) - int(started.sum()))
-    mixed = (successes > 0) & (successes < visits)
+    mixed = is_mixed(successes, visits)
     kept = (
         int(dapo_keep(successes[started], visits[started]).sum())
         if strategy.rules.keeps_only_mixed_groups

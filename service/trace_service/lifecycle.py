@@ -16,7 +16,8 @@ tree takes no more turns (:attr:`EventStatus.TREE_FINISHED`) and no Stage 2 deci
 
 The store's Lua scripts make these transitions atomically, each script prefixed with
 :data:`LUA_PRELUDE`, which this module generates from the enums below: the status strings and event
-codes are written once (in the contract), the rules once (here).
+codes are written once (in the contract), the rules once (here; "mixed" is
+:func:`trace_service.allocation.is_mixed`, shared with the statistics).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ import numpy as np
 import numpy.typing as npt
 
 from trace_proto import EventStatus, TreeStatus
-from trace_service.allocation import round_budgets
-from trace_service.allocation._validate import FloatArray, IntArray
+from trace_service.allocation import is_mixed, round_budgets
+from trace_service.allocation._validate import FloatArray
 
 BoolArray = npt.NDArray[np.bool_]
 
@@ -64,16 +65,6 @@ def is_success(reward: float | FloatArray, threshold: float) -> bool | BoolArray
     """A scored leaf is a success when ``reward ≥ threshold`` (elementwise on an array; the Lua
     prelude's ``is_success`` is the same comparison)."""
     return reward >= threshold
-
-
-@overload
-def is_mixed(successes: int, leaves: int) -> bool: ...
-@overload
-def is_mixed(successes: IntArray, leaves: IntArray) -> BoolArray: ...
-def is_mixed(successes: int | IntArray, leaves: int | IntArray) -> bool | BoolArray:
-    """A group of scored leaves is mixed (contrastive) when it holds a success and a failure:
-    ``0 < successes < leaves`` (elementwise on arrays)."""
-    return (successes > 0) & (successes < leaves)
 
 
 def round_share(expansion_budget: int, rounds: int, round_: int, promised: int, returned: int) -> int:

@@ -32,7 +32,7 @@ from trace_service.allocation.stage2 import (
     round_budgets,
     spread_evenly,
 )
-from trace_service.allocation.stats import EffectiveRatio, effective_ratio, mixed_groups
+from trace_service.allocation.stats import EffectiveRatio, effective_ratio, is_mixed, mixed_groups
 
 __all__ = [
     "DEFAULT_MIN_GAIN",
@@ -51,6 +51,7 @@ __all__ = [
     "effective_ratio",
     "expand_prefixes",
     "greso_keep",
+    "is_mixed",
     "knapsack_weight",
     "mixed_groups",
     "pcl_roots",

@@ -17,6 +17,7 @@ import numpy.typing as npt
 from trace_service.allocation._validate import FloatArray, IntArray, non_negative_int, probabilities
 from trace_service.allocation.stage1 import _check_limits
 from trace_service.allocation.stage2 import spread_evenly
+from trace_service.allocation.stats import mixed_groups
 
 
 def uniform_roots(
@@ -55,9 +56,7 @@ def dapo_keep(successes: npt.ArrayLike, visits: npt.ArrayLike) -> npt.NDArray[np
     DAPO allocates uniformly, drops the all-equal groups after generation and refills; the budget spent
     on dropped groups is the waste TRACE aims to avoid.
     """
-    s = np.asarray(successes, dtype=np.int64)
-    n = np.asarray(visits, dtype=np.int64)
-    return (s > 0) & (s < n)
+    return mixed_groups(successes, visits)
 
 
 def greso_keep(

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 import numpy.typing as npt
+
+from trace_service.allocation._validate import IntArray
 
 
 @dataclass(frozen=True)
@@ -30,13 +33,23 @@ class EffectiveRatio:
         return self.mixed / pool if pool else 0.0
 
 
+@overload
+def is_mixed(successes: int, leaves: int) -> bool: ...
+@overload
+def is_mixed(successes: IntArray, leaves: IntArray) -> npt.NDArray[np.bool_]: ...
+def is_mixed(successes: int | IntArray, leaves: int | IntArray) -> bool | npt.NDArray[np.bool_]:
+    """The one definition of a mixed (contrastive) group of scored leaves: it holds a success and a
+    failure, ``0 < successes < leaves`` (elementwise on arrays)."""
+    return (successes > 0) & (successes < leaves)
+
+
 def mixed_groups(successes: npt.ArrayLike, visits: npt.ArrayLike) -> npt.NDArray[np.bool_]:
-    """Per group: at least one success and at least one failure among its scored leaves."""
+    """:func:`is_mixed` per group, after checking that ``0 ≤ successes ≤ visits`` elementwise."""
     s = np.asarray(successes, dtype=np.int64)
     n = np.asarray(visits, dtype=np.int64)
     if s.shape != n.shape or np.any(s < 0) or np.any(s > n):
         raise ValueError("successes must be between 0 and visits, elementwise")
-    return (s > 0) & (s < n)
+    return is_mixed(s, n)
 
 
 def effective_ratio(successes: npt.ArrayLike, visits: npt.ArrayLike, *, skipped: int = 0) -> EffectiveRatio:
