@@ -2,17 +2,10 @@
 that a certain belief is the point value."""
 
 import functools
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import pytest
-
-from trace_client.sim import FAMILIES, VocabularyConfig
-from trace_proto import Policy
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root holds `bench`
 
 from bench.harness import (
     PromptRecord,
@@ -25,6 +18,8 @@ from bench.harness import (
     posterior_estimator,
     run_step,
 )
+from trace_client.sim import FAMILIES, VocabularyConfig
+from trace_proto import Policy
 
 make_react = functools.partial(
     FAMILIES["react"], prompts=96, vocabulary=VocabularyConfig(distractor_words=200)
