@@ -5,6 +5,7 @@ with arms that differ only in how the rollouts are allocated.
     python bench/learning.py --quick --family math    # a one-minute smoke run
     python bench/learning.py --family math,toolcall --arms uniform,trace,oracle
     python bench/learning.py --tune-on math           # report only on the other families
+    python bench/learning.py --arms uniform,trace,trace@global --turn-weight rollout   # ablations
 
 Arms, each with its own copy of the policy θ (the family's initial policy) and its own service job:
   uniform        GRPO: R = M + ⌊M·N⌋ bare rollouts dealt evenly over the pool, no branching
@@ -30,7 +31,10 @@ DAPO, one turn being one token). A_t is the service's per-node tree advantage (`
 arms that branch, and the GRPO group baseline r − mean(group) on uniform's flat groups (not divided by
 the group's std, as in Dr. GRPO: the tree advantages are not either, and without it the estimate stays a
 fixed multiple of the true gradient). DAPO's arm trains on its mixed groups only (its filter). The step
-is Adam (default) or plain SGD with `--lr`.
+is Adam (default) or plain SGD with `--lr`. Ablations: an arm `<arm>@<variant>` trains on a tree
+advantage of `bench.advantages` computed from the tree's rewards instead of the service's, and
+`--turn-weight rollout` averages over rollouts instead of turns (each tree weighs its scored leaves,
+shared alike among its turns), for every arm.
 
 Reported per family and seed: each arm's final held-out success; the turns and the rollouts it needed to
 reach uniform's final success (the first crossing of its curve over cumulative cost, interpolated
@@ -49,7 +53,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +61,7 @@ import numpy.typing as npt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.advantages import ADVANTAGES
 from bench.harness import FinishedTree as ForestTree
 from bench.harness import (
     Query,
@@ -76,7 +81,7 @@ from trace_client.sim.tabular import softmax_rows as softmax  # π_θ(· | c) ro
 from trace_client.sim.workers import SimAgent, prompt_in
 from trace_proto import AllocateRequest, Policy
 from trace_service.allocation import POLICIES
-from trace_service.tree import FreshnessEstimate, advantages, tree_targets
+from trace_service.tree import FreshnessEstimate, tree_targets
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -125,6 +130,28 @@ class SampledTurns:
         )
 
 
+#: How the turns of a step are weighted in the gradient's mean: every sampled turn alike (token-level),
+#: or every rollout alike (a tree weighs its leaves' count, shared among its turns).
+TURN_WEIGHTS = ("turn", "rollout")
+
+
+def weighted_turns(trees: Sequence[tuple[SampledTurns, int]], weighting: str) -> SampledTurns:
+    """The step's turns from (turns of a tree, its scored leaves) pairs; under "rollout" a tree's turns
+    are scaled by (leaves / turns of the tree) · (turns / leaves of the step), so the mean over turns
+    that `policy_gradient` takes is a mean over rollouts of each tree's per-turn mean."""
+    parts = [part for part, _ in trees]
+    if weighting == "turn" or not parts:
+        return SampledTurns.concat(parts)
+    total_turns = sum(part.size for part in parts)
+    total_leaves = sum(leaves for part, leaves in trees if part.size)
+    scaled = [
+        replace(part, advantages=part.advantages * (leaves / part.size) * (total_turns / total_leaves))
+        for part, leaves in trees
+        if part.size
+    ]
+    return SampledTurns.concat(scaled)
+
+
 def policy_gradient(theta: FloatArray, turns: SampledTurns) -> FloatArray:
     """(1/T) Σ_t A_t ∇_θ log π_θ(a_t | c_t) over the T sampled turns; ∇_θ[c] log softmax(θ[c])_a is
     e_a − π_θ(· | c), and zero in every other row."""
@@ -155,11 +182,18 @@ def _sampled_turns(
     )
 
 
-def service_tree_turns(workload: PolicyWorkload, finished: FinishedTree, *, flat: bool) -> SampledTurns:
-    """A tree the service exported: per node the service's advantage, or on a flat group (bare
-    rollouts only) the GRPO baseline V̂(node) − V̂(root) = r − mean(group), each node lying on exactly
-    one rollout. Failure leaves (not policy turns) and nodes without a scored leaf are left out."""
+def service_tree_turns(
+    workload: PolicyWorkload, finished: FinishedTree, *, flat: bool, advantage: str = "service"
+) -> SampledTurns:
+    """A tree the service exported: per node the service's advantage (or the `bench.advantages`
+    variant named, computed from the tree's rewards), or on a flat group (bare rollouts only) the GRPO
+    baseline V̂(node) − V̂(root) = r − mean(group), each node lying on exactly one rollout. Failure
+    leaves (not policy turns) and nodes without a scored leaf are left out."""
     tree = finished.tree
+    index = {node.node_id: i for i, node in enumerate(tree.nodes)}
+    parent = np.array([-1 if n.parent_id is None else index[n.parent_id] for n in tree.nodes], np.int64)
+    reward = np.array([np.nan if n.reward is None else n.reward for n in tree.nodes])
+    variant = ADVANTAGES[advantage](parent, tree_targets(parent, reward))
 
     def state_of(node_id: str) -> RolloutState:
         state = finished.turns[node_id].state
@@ -168,22 +202,22 @@ def service_tree_turns(workload: PolicyWorkload, finished: FinishedTree, *, flat
         return state
 
     rows = []
-    for node in tree.nodes:
+    for i, node in enumerate(tree.nodes):
         if node.node_id not in finished.turns or node.value is None or tree.value is None:
             continue
-        advantage = node.value - tree.value if flat else node.advantage
-        assert advantage is not None  # defined wherever the node has a scored leaf
+        node_advantage = node.value - tree.value if flat else float(variant[i])
         before = None if node.parent_id is None else state_of(node.parent_id)
-        rows.append((state_of(node.node_id), before, advantage))
+        rows.append((state_of(node.node_id), before, node_advantage))
     return _sampled_turns(workload, tree.prompt_id, rows)
 
 
-def forest_tree_turns(workload: PolicyWorkload, tree: ForestTree) -> SampledTurns:
-    """A tree of the in-process oracle, with the advantage the service defines (`trace_service.tree`)."""
-    advantage = advantages(tree.parent, tree_targets(tree.parent, tree.reward))
+def forest_tree_turns(workload: PolicyWorkload, tree: ForestTree, advantage: str = "service") -> SampledTurns:
+    """A tree of the in-process oracle, with the service's advantage or the variant named."""
+    parent = np.asarray(tree.parent, dtype=np.int64)
+    advantage_of = ADVANTAGES[advantage](parent, tree_targets(parent, tree.reward))
     rows = [
-        (state, None if parent < 0 else tree.states[parent], float(advantage[i]))
-        for i, (state, parent) in enumerate(zip(tree.states, tree.parent, strict=True))
+        (state, None if up < 0 else tree.states[up], float(advantage_of[i]))
+        for i, (state, up) in enumerate(zip(tree.states, tree.parent, strict=True))
     ]
     return _sampled_turns(workload, tree.prompt.prompt_id, rows)
 
@@ -233,6 +267,8 @@ class Arm:
     budget: int
     expansion: float
     oracle_of: Policy = Policy.TRACE
+    #: The tree advantage it trains on: a `bench.advantages` name (arm `<arm>@<name>` on the command line).
+    advantage: str = "service"
 
     @property
     def flat(self) -> bool:
@@ -312,6 +348,7 @@ class ArmRun:
         self.workload = workload
         self.theta = workload.policy
         self.optimizer = OPTIMIZERS[args.optimizer](args.lr)
+        self.turn_weight: str = args.turn_weight
         self.curve = Curve()
 
     def update(self, outcome: StepOutcome) -> None:
@@ -332,7 +369,8 @@ class ServiceArm(ArmRun):
         super().__init__(arm, family, seed, args)
         self.service = service
         self.client = AsyncTraceClient(service.url, timeout=120.0)
-        self.job = f"learn-{family}-s{seed}-{arm.name}-{uuid.uuid4().hex[:6]}".replace("_", "-")
+        safe_name = "".join(c if c.isalnum() else "-" for c in arm.name)
+        self.job = f"learn-{family}-s{seed}-{safe_name}-{uuid.uuid4().hex[:6]}"
         agent = SimAgent(self.workload, np.random.default_rng([seed, 1, *arm.name.encode()]))
         # Every rollout of a step in flight at once: SimAgent steps them in one vectorised batch per turn.
         driver_config = DriverConfig(concurrency=4 * arm.budget + 64, step_timeout=args.step_timeout)
@@ -357,8 +395,15 @@ class ServiceArm(ArmRun):
         trees = [
             finished for finished in result.trees if finished.tree.mixed or not self.arm.mixed_groups_only
         ]
-        turns = SampledTurns.concat(
-            [service_tree_turns(self.workload, finished, flat=self.arm.flat) for finished in trees]
+        turns = weighted_turns(
+            [
+                (
+                    service_tree_turns(self.workload, tree, flat=self.arm.flat, advantage=self.arm.advantage),
+                    sum(node.reward is not None for node in tree.tree.nodes),
+                )
+                for tree in trees
+            ],
+            self.turn_weight,
         )
         return StepOutcome(
             turns=turns,
@@ -403,6 +448,10 @@ class _TrueProbabilities:
         self.trees = list(trees)
 
 
+def leaves(tree: ForestTree) -> int:
+    return int(np.isfinite(tree.reward).sum())
+
+
 class OracleArm(ArmRun):
     """TRACE on the true probabilities, in process."""
 
@@ -431,7 +480,13 @@ class OracleArm(ArmRun):
             freshness=self.freshness.value,
         )
         self.freshness = self.freshness.add(*result.freshness_evidence)
-        turns = SampledTurns.concat([forest_tree_turns(self.workload, tree) for tree in self.estimator.trees])
+        turns = weighted_turns(
+            [
+                (forest_tree_turns(self.workload, tree, self.arm.advantage), leaves(tree))
+                for tree in self.estimator.trees
+            ],
+            self.turn_weight,
+        )
         return StepOutcome(turns, result.rollouts, result.turns, result.mixed, result.active)
 
 
@@ -692,7 +747,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--expansion", type=float, default=1.0, help="continuations per bare rollout (N)")
     parser.add_argument("--max-rollouts", type=int, default=64, help="most bare rollouts of one prompt")
-    parser.add_argument("--arms", default=None, help="comma list of arms (default: all, in table order)")
+    parser.add_argument(
+        "--arms",
+        default=None,
+        help="comma list of arms (default: all, in table order); <arm>@<variant> trains that arm on a "
+        f"`bench.advantages` variant ({', '.join(ADVANTAGES)})",
+    )
+    parser.add_argument(
+        "--turn-weight", choices=TURN_WEIGHTS, default="turn", help="every turn alike, or every rollout"
+    )
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adam", help="policy update")
     parser.add_argument("--lr", type=float, default=0.3, help="learning rate of the policy update")
     parser.add_argument("--eval-prompts", type=int, default=256, help="held-out tasks evaluated exactly")
@@ -724,9 +787,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.arms is not None:
         wanted = [name.strip() for name in args.arms.split(",") if name.strip()]
         known = {arm.name: arm for arm in arms}
+        for name in wanted:
+            base, _, variant = name.partition("@")
+            if variant and base in known and variant in ADVANTAGES and base != UNIFORM:
+                known[name] = replace(known[base], name=name, advantage=variant)
         unknown = [name for name in wanted if name not in known]
         if unknown:
-            parser.error(f"unknown arms {unknown}; choose from {', '.join(known)}")
+            parser.error(f"unknown arms {unknown}; choose from {', '.join(known)} (or <arm>@<variant>)")
         if UNIFORM not in wanted:
             wanted.insert(0, UNIFORM)  # every figure is relative to uniform
         arms = [known[name] for name in wanted]
