@@ -336,7 +336,7 @@ class RolloutDriver:
         except BaseException:
             await run.stop()
             raise
-        await _cancel(*run.tasks)  # rollouts of trees that a rejection finished early
+        await _cancel(*run.rollouts.tasks)  # rollouts of trees that a rejection finished early
         try:
             exported = await run.export(trees)
         finally:
@@ -347,8 +347,8 @@ class RolloutDriver:
                 FinishedTree(tree.prompt, tree.allocation, exported[tree.tree_id], tree.turns, tree.failures)
                 for tree in trees
             ],
-            instructions=run.instructions,
-            rejected=run.rejected,
+            instructions=run.rollouts.instructions,
+            rejected=run.answers.rejected,
             timed_out=timed_out,
             progress=progress,
         )
@@ -372,7 +372,7 @@ class RolloutDriver:
             await run.complete([books], _remaining(self.config.step_timeout, started))
             exported = await run.export([books])
         finally:
-            run.remove(books)
+            run.trees.remove(books)
             if not run.trees and self._runs.get(job) is run:
                 del self._runs[job]  # before awaiting: a call that comes meanwhile starts a fresh run
                 await run.stop()
@@ -422,17 +422,9 @@ class _Tree:
 class _Reporter:
     """Sends events in batches, one request at a time (so parents always precede their children)."""
 
-    def __init__(
-        self,
-        client: AsyncTraceClient,
-        config: DriverConfig,
-        on_answer: Callable[[list[ExpandEvent], ExpandResponse], None],
-        on_refused: Callable[[list[ExpandEvent], TraceError], None],
-    ) -> None:
+    def __init__(self, client: AsyncTraceClient, config: DriverConfig) -> None:
         self._client = client
         self._config = config
-        self._on_answer = on_answer
-        self._on_refused = on_refused
         self._pending: list[ExpandEvent] = []
         self._arrived = asyncio.Event()
         self._full = asyncio.Event()
@@ -450,7 +442,8 @@ class _Reporter:
         """Until every event added so far has an answer (or was refused)."""
         await self._idle.wait()
 
-    async def run(self) -> None:
+    async def run(self, answers: _Answers) -> None:
+        """Send batches until cancelled, handing each answer (or refusal) to `answers`."""
         while True:
             await self._arrived.wait()
             with contextlib.suppress(TimeoutError):
@@ -467,13 +460,13 @@ class _Reporter:
                 if error.status in _RESEND_STATUSES or error.status >= 500:
                     await self._requeue(batch, error)
                 else:
-                    self._on_refused(batch, error)  # the request as a whole is wrong: resending cannot help
+                    answers.on_refused(batch, error)  # the request as a whole is wrong: resending cannot help
             except TraceResponseError as error:
-                self._on_refused(batch, error)  # not a v1 answer: a resend would get the same
+                answers.on_refused(batch, error)  # not a v1 answer: a resend would get the same
             except TraceError as error:
                 await self._requeue(batch, error)
             else:
-                self._on_answer(batch, response)
+                answers.on_answer(batch, response)
             if not self._pending:
                 self._idle.set()
 
@@ -502,57 +495,438 @@ class _Reporter:
         await asyncio.sleep(self._config.poll_interval)
 
 
+@dataclass
+class _Tally:
+    """The run's counters, as `Progress` reports them."""
+
+    trees: int = 0
+    trees_finished: int = 0
+    bare_rollouts: int = 0
+    bare_finished: int = 0
+    continuations: int = 0
+    continuations_finished: int = 0
+    failed: int = 0
+    turns_reported: int = 0
+
+    def progress(self, step: int, elapsed: float) -> Progress:
+        return Progress(
+            step=step,
+            trees=self.trees,
+            trees_finished=self.trees_finished,
+            bare_rollouts=self.bare_rollouts,
+            bare_finished=self.bare_finished,
+            continuations=self.continuations,
+            continuations_finished=self.continuations_finished,
+            failed=self.failed,
+            turns_reported=self.turns_reported,
+            elapsed=elapsed,
+        )
+
+
+class _Trees:
+    """The run's trees by id, and `changed`, set whenever one of them may have stopped waiting or finished
+    (it wakes the supervisor)."""
+
+    def __init__(self, tally: _Tally) -> None:
+        self._tally = tally
+        self._by_id: dict[str, _Tree] = {}
+        self.changed = asyncio.Event()
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def get(self, tree_id: str) -> _Tree | None:
+        return self._by_id.get(tree_id)
+
+    def add(self, allocation: TreeAllocation, prompt: PromptIn) -> _Tree:
+        if allocation.tree_id in self._by_id:
+            raise ValueError(f"tree {allocation.tree_id} is already running")
+        tree = self._by_id[allocation.tree_id] = _Tree(allocation, prompt)
+        self._tally.trees += 1
+        return tree
+
+    def waiting(self) -> list[_Tree]:
+        return [tree for tree in self._by_id.values() if tree.waiting]
+
+    def finish(self, tree: _Tree) -> None:
+        if not tree.finished:
+            tree.finished = True
+            self._tally.trees_finished += 1
+        tree.done.set()
+        self.changed.set()
+
+    def remove(self, tree: _Tree) -> None:
+        """Forget a tree that was exported; rollouts of it still running are cancelled."""
+        self.finish(tree)
+        for task in tree.tasks:
+            task.cancel()
+        self._by_id.pop(tree.tree_id, None)
+
+
+class _Outbox:
+    """Turns on their way to the service, as events: each event's id is fixed when its turn is made (so a
+    resend counts as a duplicate), each tree counts its unanswered events (a tree with any is not waiting),
+    and each event remembers the rollout that made it, so that a rejection can stop that rollout."""
+
+    def __init__(self, reporter: _Reporter, trees: _Trees) -> None:
+        self._reporter = reporter
+        self._trees = trees
+        self._nonce = uuid.uuid4().hex[:8]  # node ids of this run never collide with another worker's
+        self._owners: dict[str, asyncio.Task[object]] = {}  # event_id -> the rollout that made it
+
+    def send_turn(
+        self,
+        tree: _Tree,
+        parent_id: str | None,
+        instruction_id: str | None,
+        turn: TurnResult,
+        history: History,
+    ) -> str:
+        """Record the turn in the tree's books and send it; returns its node id."""
+        node_id = self._new_node(tree)
+        tree.histories[node_id] = history
+        tree.turns[node_id] = turn
+        self._send(
+            tree,
+            ExpandEvent(
+                event_id=f"{tree.tree_id}:{node_id}",
+                tree_id=tree.tree_id,
+                node_id=node_id,
+                parent_id=parent_id,
+                text=turn.text,
+                features=None if turn.features is None else [float(x) for x in turn.features],
+                done=turn.done,
+                reward=turn.reward,
+                instruction_id=instruction_id,
+            ),
+        )
+        return node_id
+
+    def send_failure(
+        self, tree: _Tree, parent_id: str | None, instruction_id: str | None, message: str, reward: float
+    ) -> None:
+        """Send the leaf that ends a failed rollout, with `reward`, and list it in the tree's failures."""
+        node_id = self._new_node(tree)
+        tree.failures[node_id] = message
+        self._send(
+            tree,
+            ExpandEvent(
+                event_id=f"{tree.tree_id}:{node_id}",
+                tree_id=tree.tree_id,
+                node_id=node_id,
+                parent_id=parent_id,
+                text=f"[rollout failed] {message}",
+                done=True,
+                reward=reward,
+                instruction_id=instruction_id,
+            ),
+        )
+
+    def answered(self, event: ExpandEvent) -> asyncio.Task[object] | None:
+        """Count the event as answered; returns the rollout that made it."""
+        tree = self._trees.get(event.tree_id)
+        if tree is not None:
+            tree.unacknowledged -= 1
+        return self._owners.pop(event.event_id, None)
+
+    def _new_node(self, tree: _Tree) -> str:
+        tree.nodes_made += 1
+        return f"{self._nonce}-{tree.nodes_made}"
+
+    def _send(self, tree: _Tree, event: ExpandEvent) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._owners[event.event_id] = task
+        tree.unacknowledged += 1
+        self._reporter.add(event)
+
+
+class _Agent:
+    """The user's callables as the driver calls them: in a worker thread when `threaded`, each call
+    within `turn_timeout`, and what they return checked."""
+
+    def __init__(self, driver: RolloutDriver) -> None:
+        # read from the driver at each call, as a caller may swap its callables between calls
+        self._driver = driver
+        self._config = driver.config
+
+    async def next_turn(self, history: History) -> TurnResult:
+        """The turn after `history`; a final turn without a reward gets the score's."""
+        turn = await self._call(self._driver.next_turn, history)
+        if not isinstance(turn, TurnResult):
+            raise TypeError(f"next_turn returned {type(turn).__name__}, not a TurnResult")
+        if turn.done and turn.reward is None:
+            turn = replace(turn, reward=await self._score(history.then(turn)))
+        return turn
+
+    async def _score(self, history: History) -> float:
+        if self._driver.score is None:
+            raise ValueError("the final turn carries no reward and the driver was given no score callable")
+        reward = await self._call(self._driver.score, history)
+        if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
+            raise ValueError(f"score returned {reward!r}, not a finite number")
+        return float(reward)
+
+    async def _call(self, function: Callable[[History], T | Awaitable[T]], history: History) -> T:
+        async def call() -> T:
+            if self._config.threaded and not inspect.iscoroutinefunction(function):
+                value = await asyncio.to_thread(function, history)
+            else:
+                value = function(history)
+            if inspect.isawaitable(value):
+                return await value
+            return value
+
+        if self._config.turn_timeout is None:
+            return await call()
+        async with asyncio.timeout(self._config.turn_timeout):
+            return await call()
+
+
+class _Rollouts:
+    """The run's rollouts, at most `concurrency` at a time: each runs turn by turn from its start history
+    to a leaf and sends every turn as an event; a failure becomes a failure leaf. Bare rollouts start
+    with their tree, continuations from an instruction's node."""
+
+    def __init__(self, driver: RolloutDriver, trees: _Trees, outbox: _Outbox, tally: _Tally) -> None:
+        self._config = driver.config
+        self._agent = _Agent(driver)
+        self._trees = trees
+        self._outbox = outbox
+        self._tally = tally
+        self._slots = asyncio.Semaphore(self._config.concurrency)
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.instructions: list[Instruction] = []
+
+    def start_bare(self, tree: _Tree) -> None:
+        self._tally.bare_rollouts += tree.allocation.rollouts
+        for _ in range(tree.allocation.rollouts):
+            self._spawn(tree, History(tree.prompt, tree.tree_id), None, None)
+
+    def start_instruction(self, instruction: Instruction) -> None:
+        """Start an instruction's continuations once, from the exact history that ends at its node."""
+        tree = self._trees.get(instruction.tree_id)
+        if tree is None or tree.finished or instruction.instruction_id in tree.instructions:
+            return  # another worker's tree (left to its lease), or already started here
+        start = tree.histories.get(instruction.node_id)
+        if start is None:
+            logger.warning(
+                "instruction %s branches from node %s, which this driver did not run",
+                instruction.instruction_id,
+                instruction.node_id,
+            )
+            return
+        tree.instructions.add(instruction.instruction_id)
+        self.instructions.append(instruction)
+        self._tally.continuations += instruction.count
+        for _ in range(instruction.count):
+            self._spawn(tree, start, instruction.node_id, instruction.instruction_id)
+
+    def _spawn(self, tree: _Tree, start: History, parent_id: str | None, instruction_id: str | None) -> None:
+        tree.running += 1
+        task = asyncio.create_task(self._rollout(tree, start, parent_id, instruction_id))
+        for tasks in (self.tasks, tree.tasks):
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+    async def _rollout(
+        self, tree: _Tree, start: History, parent_id: str | None, instruction_id: str | None
+    ) -> None:
+        try:
+            async with self._slots:
+                ended = await self._turns(tree, start, parent_id, instruction_id)
+            if ended:
+                if instruction_id is None:
+                    self._tally.bare_finished += 1
+                else:
+                    self._tally.continuations_finished += 1
+        finally:
+            tree.running -= 1
+            self._trees.changed.set()
+
+    async def _turns(
+        self, tree: _Tree, history: History, parent_id: str | None, instruction_id: str | None
+    ) -> bool:
+        """Run one rollout from `history` to its leaf; True once its leaf (or failure leaf) is reported."""
+        parent, instruction = parent_id, instruction_id
+        try:
+            while not tree.finished:
+                if history.depth >= self._config.max_turns:
+                    raise RuntimeError(f"the rollout did not end within max_turns={self._config.max_turns}")
+                turn = await self._agent.next_turn(history)
+                history = history.then(turn)
+                parent = self._outbox.send_turn(tree, parent, instruction, turn, history)
+                instruction = None
+                if turn.done:
+                    return True
+            return False
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            if tree.finished:
+                return False
+            self._report_failure(tree, parent, instruction, error)
+            return True
+
+    def _report_failure(
+        self, tree: _Tree, parent_id: str | None, instruction_id: str | None, error: Exception
+    ) -> None:
+        message = f"{type(error).__name__}: {error}"[:_FAILURE_TEXT_CHARS]
+        logger.warning("rollout in tree %s failed: %s", tree.tree_id, message)
+        self._tally.failed += 1
+        self._outbox.send_failure(tree, parent_id, instruction_id, message, self._config.failure_reward)
+
+
+class _Answers:
+    """What the service answered to each batch of events: per event acknowledged or rejected (by its
+    `EventStatus`), the batch as a whole refused, inline instructions to start, trees it completed."""
+
+    def __init__(self, trees: _Trees, outbox: _Outbox, rollouts: _Rollouts, tally: _Tally) -> None:
+        self._trees = trees
+        self._outbox = outbox
+        self._rollouts = rollouts
+        self._tally = tally
+        self.rejected: list[RejectedEvent] = []
+
+    def on_answer(self, batch: list[ExpandEvent], response: ExpandResponse) -> None:
+        rejected = {item.event_id: item for item in response.rejected}
+        for event in batch:
+            owner = self._outbox.answered(event)
+            item = rejected.get(event.event_id)
+            if item is None:
+                self._tally.turns_reported += 1
+            else:
+                self._reject(event, item, owner)
+        for instruction in response.instructions:
+            self._rollouts.start_instruction(instruction)
+        for tree_id in response.completed:
+            tree = self._trees.get(tree_id)
+            if tree is not None:
+                self._trees.finish(tree)
+        self._trees.changed.set()
+
+    def on_refused(self, batch: list[ExpandEvent], error: TraceError) -> None:
+        status = error.status if isinstance(error, TraceAPIError) else 400
+        logger.error("the service refused %d turns: %s", len(batch), error)
+        for event in batch:
+            owner = self._outbox.answered(event)
+            self._reject(
+                event, RejectedEvent(event_id=event.event_id, status=status, error=str(error)), owner
+            )
+        self._trees.changed.set()
+
+    def _reject(self, event: ExpandEvent, item: RejectedEvent, owner: asyncio.Task[object] | None) -> None:
+        """The rollout that made a rejected event cannot go on (its next turns would be orphans)."""
+        self.rejected.append(item)
+        if owner is not None:
+            owner.cancel()
+        tree = self._trees.get(event.tree_id)
+        if tree is None:
+            return
+        if item.status == EventStatus.TREE_FINISHED:
+            self._trees.finish(tree)
+        elif not (event.instruction_id is not None and item.status == EventStatus.CONFLICT):
+            # A continuation's conflict means another worker runs it, not that the tree is broken.
+            tree.broken = True
+
+
+class _Supervisor:
+    """Looks after the trees that wait on the service, at most every `poll_interval`: claims the job's
+    leased instructions, checks each waiting tree's status (less often while it stays open) and closes
+    those nothing can finish any more."""
+
+    def __init__(
+        self, client: AsyncTraceClient, config: DriverConfig, job: str, trees: _Trees, rollouts: _Rollouts
+    ) -> None:
+        self._client = client
+        self._config = config
+        self._job = job
+        self._trees = trees
+        self._rollouts = rollouts
+        self._last_poll = 0.0
+
+    async def run(self) -> None:
+        while True:
+            self._trees.changed.clear()
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation that comes
+            # as the event is set, and the run could then never be stopped
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._config.poll_interval):
+                    await self._trees.changed.wait()
+            waiting = self._trees.waiting()
+            if waiting and time.monotonic() - self._last_poll >= self._config.poll_interval:
+                self._last_poll = time.monotonic()
+                await self._poll(waiting)
+
+    async def _poll(self, waiting: list[_Tree]) -> None:
+        """An unreachable service is tried again at the next poll."""
+        try:
+            await self._poll_service(waiting)
+        except TraceError as error:
+            logger.warning("polling the service failed, trying again: %s", error)
+
+    async def _poll_service(self, waiting: list[_Tree]) -> None:
+        claimed = await self._client.claim_instructions(self._job, MAX_CLAIM)
+        for instruction in claimed.instructions:
+            self._rollouts.start_instruction(instruction)
+        for tree in waiting:
+            if not tree.waiting:
+                continue  # a claimed instruction gave it work
+            if tree.broken:
+                await self._close(tree)
+                continue
+            now = time.monotonic()
+            if now < tree.next_check:
+                continue
+            status = (await self._client.get_tree(tree.tree_id)).status
+            if status in (TreeStatus.COMPLETE, TreeStatus.CLOSED):
+                self._trees.finish(tree)
+            elif status is TreeStatus.COLLECTING:
+                await self._close(tree)  # its bare rollouts all ended here, yet not all were scored
+            else:  # expanding: a decision or a leased instruction is pending elsewhere
+                tree.check_pause = min(
+                    max(2 * tree.check_pause, self._config.poll_interval), _MAX_CHECK_SECONDS
+                )
+                tree.next_check = now + tree.check_pause
+
+    async def _close(self, tree: _Tree) -> None:
+        logger.warning("closing tree %s: nothing can finish it", tree.tree_id)
+        await self._client.close_tree(tree.tree_id)
+        self._trees.finish(tree)
+
+
 class _Run:
-    """The trees of one job in flight under one driver: the running rollouts, the reporter, the poller and
-    the counters. `run_step` makes one per step; `run_tree` calls of a job share one while any is open."""
+    """The trees of one job in flight under one driver, put together from the parts above, with the
+    progress feed. `run_step` makes one per step; `run_tree` calls of a job share one while any is
+    open."""
 
     def __init__(self, driver: RolloutDriver, job: str, step: int, started: float) -> None:
-        self.driver = driver
-        self.config = driver.config
-        self.client = driver.client
-        self.job = job
+        self._driver = driver
+        self._client = driver.client
+        self._config = driver.config
         self.step = step
-        self.started = started
+        self._started = started
         self.loop = asyncio.get_running_loop()
-        self.nonce = uuid.uuid4().hex[:8]  # node ids of this run never collide with another worker's
-        self.trees: dict[str, _Tree] = {}
-        self.slots = asyncio.Semaphore(self.config.concurrency)
-        self.tasks: set[asyncio.Task[None]] = set()
-        self.owners: dict[str, asyncio.Task[object]] = {}  # event_id -> the rollout that made it
-        self.instructions: list[Instruction] = []
-        self.rejected: list[RejectedEvent] = []
-        self.changed = asyncio.Event()
-        self.reporter = _Reporter(self.client, self.config, self._on_answer, self._on_refused)
-        self.background: list[asyncio.Task[None]] = []
-        self.last_poll = 0.0
-        self.trees_added = 0
-        self.trees_finished = 0
-        self.bare_rollouts = 0
-        self.bare_finished = 0
-        self.continuations = 0
-        self.continuations_finished = 0
-        self.failed = 0
-        self.turns_reported = 0
-
-    # --- the run -----------------------------------------------------------------------------------
+        self._tally = _Tally()
+        self.trees = _Trees(self._tally)
+        self._reporter = _Reporter(self._client, self._config)
+        outbox = _Outbox(self._reporter, self.trees)
+        self.rollouts = _Rollouts(driver, self.trees, outbox, self._tally)
+        self.answers = _Answers(self.trees, outbox, self.rollouts, self._tally)
+        self._supervisor = _Supervisor(self._client, self._config, job, self.trees, self.rollouts)
+        self._background: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
-        self.background = [
-            asyncio.create_task(self.reporter.run()),
-            asyncio.create_task(self._supervise()),
+        self._background = [
+            asyncio.create_task(self._reporter.run(self.answers)),
+            asyncio.create_task(self._supervisor.run()),
             asyncio.create_task(self._report_progress()),
         ]
 
     def add(self, allocation: TreeAllocation, prompt: PromptIn) -> _Tree:
         """Take on a tree and start its bare rollouts."""
-        if allocation.tree_id in self.trees:
-            raise ValueError(f"tree {allocation.tree_id} is already running")
-        tree = _Tree(allocation, prompt)
-        self.trees[tree.tree_id] = tree
-        self.trees_added += 1
-        self.bare_rollouts += allocation.rollouts
-        for _ in range(allocation.rollouts):
-            self._spawn(tree, History(prompt, tree.tree_id), None, None)
+        tree = self.trees.add(allocation, prompt)
+        self.rollouts.start_bare(tree)
         return tree
 
     async def complete(self, trees: Sequence[_Tree], seconds_left: float | None) -> bool:
@@ -567,7 +941,7 @@ class _Run:
             await _cancel(*(task for tree in trees for task in tree.tasks))
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(_FINAL_REPORT_SECONDS):
-                    await self.reporter.drain()
+                    await self._reporter.drain()
             return True
 
     async def export(self, trees: Sequence[_Tree]) -> dict[str, TreeResponse]:
@@ -577,311 +951,32 @@ class _Run:
         async def export(tree: _Tree) -> TreeResponse:
             async with gate:
                 if tree.finished:
-                    return await self.client.get_tree(tree.tree_id)
-                self._finish(tree)
-                return await self.client.close_tree(tree.tree_id)
+                    return await self._client.get_tree(tree.tree_id)
+                self.trees.finish(tree)
+                return await self._client.close_tree(tree.tree_id)
 
         exported = await asyncio.gather(*(export(tree) for tree in trees))
         return {tree.tree_id: response for tree, response in zip(trees, exported, strict=True)}
 
-    def remove(self, tree: _Tree) -> None:
-        """Forget a tree that was exported; rollouts of it still running are cancelled."""
-        self._finish(tree)
-        for task in tree.tasks:
-            task.cancel()
-        self.trees.pop(tree.tree_id, None)
-
     async def stop(self) -> Progress:
         """Cancel the background tasks and any rollout still running; publish the final progress."""
-        await _cancel(*self.background, *self.tasks)
+        await _cancel(*self._background, *self.rollouts.tasks)
         final = self.snapshot()
         self._publish(final, final=True)
         return final
 
-    async def _supervise(self) -> None:
-        """Poll the service for trees that wait on it, at most every `poll_interval`."""
-        while True:
-            self.changed.clear()
-            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation that comes
-            # as the event is set, and the run could then never be stopped
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.config.poll_interval):
-                    await self.changed.wait()
-            waiting = [tree for tree in self.trees.values() if tree.waiting]
-            if waiting and time.monotonic() - self.last_poll >= self.config.poll_interval:
-                self.last_poll = time.monotonic()
-                await self._poll(waiting)
-
-    async def _poll(self, waiting: list[_Tree]) -> None:
-        """Trees that wait on the service: claim leased instructions, else look at their status and close
-        those nothing can finish any more. An unreachable service is tried again at the next poll."""
-        try:
-            await self._poll_service(waiting)
-        except TraceError as error:
-            logger.warning("polling the service failed, trying again: %s", error)
-
-    async def _poll_service(self, waiting: list[_Tree]) -> None:
-        claimed = await self.client.claim_instructions(self.job, MAX_CLAIM)
-        for instruction in claimed.instructions:
-            self._start_instruction(instruction)
-        for tree in waiting:
-            if not tree.waiting:
-                continue  # a claimed instruction gave it work
-            if tree.broken:
-                await self._close(tree)
-                continue
-            now = time.monotonic()
-            if now < tree.next_check:
-                continue
-            status = (await self.client.get_tree(tree.tree_id)).status
-            if status in (TreeStatus.COMPLETE, TreeStatus.CLOSED):
-                self._finish(tree)
-            elif status is TreeStatus.COLLECTING:
-                await self._close(tree)  # its bare rollouts all ended here, yet not all were scored
-            else:  # expanding: a decision or a leased instruction is pending elsewhere
-                tree.check_pause = min(
-                    max(2 * tree.check_pause, self.config.poll_interval), _MAX_CHECK_SECONDS
-                )
-                tree.next_check = now + tree.check_pause
-
-    async def _close(self, tree: _Tree) -> None:
-        logger.warning("closing tree %s: nothing can finish it", tree.tree_id)
-        await self.client.close_tree(tree.tree_id)
-        self._finish(tree)
-
-    def _finish(self, tree: _Tree) -> None:
-        if not tree.finished:
-            tree.finished = True
-            self.trees_finished += 1
-        tree.done.set()
-        self.changed.set()
-
-    # --- rollouts ----------------------------------------------------------------------------------
-
-    def _spawn(self, tree: _Tree, start: History, parent_id: str | None, instruction_id: str | None) -> None:
-        tree.running += 1
-        task = asyncio.create_task(self._rollout(tree, start, parent_id, instruction_id))
-        for tasks in (self.tasks, tree.tasks):
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-
-    async def _rollout(
-        self, tree: _Tree, start: History, parent_id: str | None, instruction_id: str | None
-    ) -> None:
-        try:
-            async with self.slots:
-                ended = await self._turns(tree, start, parent_id, instruction_id)
-            if ended:
-                if instruction_id is None:
-                    self.bare_finished += 1
-                else:
-                    self.continuations_finished += 1
-        finally:
-            tree.running -= 1
-            self.changed.set()
-
-    async def _turns(
-        self, tree: _Tree, history: History, parent_id: str | None, instruction_id: str | None
-    ) -> bool:
-        """Run one rollout from `history` to its leaf; True once its leaf (or failure leaf) is reported."""
-        parent, instruction = parent_id, instruction_id
-        try:
-            while not tree.finished:
-                if history.depth >= self.config.max_turns:
-                    raise RuntimeError(f"the rollout did not end within max_turns={self.config.max_turns}")
-                turn = await self._call(self.driver.next_turn, history)
-                if not isinstance(turn, TurnResult):
-                    raise TypeError(f"next_turn returned {type(turn).__name__}, not a TurnResult")
-                if turn.done and turn.reward is None:
-                    turn = replace(turn, reward=await self._score(history.then(turn)))
-                history = history.then(turn)
-                parent = self._report(tree, parent, instruction, turn, history)
-                instruction = None
-                if turn.done:
-                    return True
-            return False
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:
-            if tree.finished:
-                return False
-            self._report_failure(tree, parent, instruction, error)
-            return True
-
-    async def _call(self, function: Callable[[History], T | Awaitable[T]], history: History) -> T:
-        async def call() -> T:
-            if self.config.threaded and not inspect.iscoroutinefunction(function):
-                value = await asyncio.to_thread(function, history)
-            else:
-                value = function(history)
-            if inspect.isawaitable(value):
-                return await value
-            return value
-
-        if self.config.turn_timeout is None:
-            return await call()
-        async with asyncio.timeout(self.config.turn_timeout):
-            return await call()
-
-    async def _score(self, history: History) -> float:
-        if self.driver.score is None:
-            raise ValueError("the final turn carries no reward and the driver was given no score callable")
-        reward = await self._call(self.driver.score, history)
-        if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
-            raise ValueError(f"score returned {reward!r}, not a finite number")
-        return float(reward)
-
-    def _report(
-        self,
-        tree: _Tree,
-        parent_id: str | None,
-        instruction_id: str | None,
-        turn: TurnResult,
-        history: History,
-    ) -> str:
-        node_id = self._new_node(tree)
-        event = ExpandEvent(
-            event_id=f"{tree.tree_id}:{node_id}",
-            tree_id=tree.tree_id,
-            node_id=node_id,
-            parent_id=parent_id,
-            text=turn.text,
-            features=None if turn.features is None else [float(x) for x in turn.features],
-            done=turn.done,
-            reward=turn.reward,
-            instruction_id=instruction_id,
-        )
-        tree.histories[node_id] = history
-        tree.turns[node_id] = turn
-        self._send(tree, event)
-        return node_id
-
-    def _report_failure(
-        self, tree: _Tree, parent_id: str | None, instruction_id: str | None, error: Exception
-    ) -> None:
-        message = f"{type(error).__name__}: {error}"[:_FAILURE_TEXT_CHARS]
-        logger.warning("rollout in tree %s failed: %s", tree.tree_id, message)
-        node_id = self._new_node(tree)
-        tree.failures[node_id] = message
-        self.failed += 1
-        self._send(
-            tree,
-            ExpandEvent(
-                event_id=f"{tree.tree_id}:{node_id}",
-                tree_id=tree.tree_id,
-                node_id=node_id,
-                parent_id=parent_id,
-                text=f"[rollout failed] {message}",
-                done=True,
-                reward=self.config.failure_reward,
-                instruction_id=instruction_id,
-            ),
-        )
-
-    def _new_node(self, tree: _Tree) -> str:
-        tree.nodes_made += 1
-        return f"{self.nonce}-{tree.nodes_made}"
-
-    def _send(self, tree: _Tree, event: ExpandEvent) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self.owners[event.event_id] = task
-        tree.unacknowledged += 1
-        self.reporter.add(event)
-
-    # --- answers from the service ------------------------------------------------------------------
-
-    def _on_answer(self, batch: list[ExpandEvent], response: ExpandResponse) -> None:
-        rejected = {item.event_id: item for item in response.rejected}
-        for event in batch:
-            owner = self._acknowledge(event)
-            item = rejected.get(event.event_id)
-            if item is None:
-                self.turns_reported += 1
-            else:
-                self._reject(event, item, owner)
-        for instruction in response.instructions:
-            self._start_instruction(instruction)
-        for tree_id in response.completed:
-            if tree_id in self.trees:
-                self._finish(self.trees[tree_id])
-        self.changed.set()
-
-    def _on_refused(self, batch: list[ExpandEvent], error: TraceError) -> None:
-        status = error.status if isinstance(error, TraceAPIError) else 400
-        logger.error("the service refused %d turns: %s", len(batch), error)
-        for event in batch:
-            owner = self._acknowledge(event)
-            self._reject(
-                event, RejectedEvent(event_id=event.event_id, status=status, error=str(error)), owner
-            )
-        self.changed.set()
-
-    def _acknowledge(self, event: ExpandEvent) -> asyncio.Task[object] | None:
-        """Count the event as answered; returns the rollout that made it."""
-        tree = self.trees.get(event.tree_id)
-        if tree is not None:
-            tree.unacknowledged -= 1
-        return self.owners.pop(event.event_id, None)
-
-    def _reject(self, event: ExpandEvent, item: RejectedEvent, owner: asyncio.Task[object] | None) -> None:
-        """The rollout that made a rejected event cannot go on (its next turns would be orphans)."""
-        self.rejected.append(item)
-        if owner is not None:
-            owner.cancel()
-        tree = self.trees.get(event.tree_id)
-        if tree is None:
-            return
-        if item.status == EventStatus.TREE_FINISHED:
-            self._finish(tree)
-        elif not (event.instruction_id is not None and item.status == EventStatus.CONFLICT):
-            # A continuation's conflict means another worker runs it, not that the tree is broken.
-            tree.broken = True
-
-    def _start_instruction(self, instruction: Instruction) -> None:
-        """Start an instruction's continuations once, from the exact history that ends at its node."""
-        tree = self.trees.get(instruction.tree_id)
-        if tree is None or tree.finished or instruction.instruction_id in tree.instructions:
-            return  # another worker's tree (left to its lease), or already started here
-        start = tree.histories.get(instruction.node_id)
-        if start is None:
-            logger.warning(
-                "instruction %s branches from node %s, which this driver did not run",
-                instruction.instruction_id,
-                instruction.node_id,
-            )
-            return
-        tree.instructions.add(instruction.instruction_id)
-        self.instructions.append(instruction)
-        self.continuations += instruction.count
-        for _ in range(instruction.count):
-            self._spawn(tree, start, instruction.node_id, instruction.instruction_id)
-
-    # --- progress ----------------------------------------------------------------------------------
-
     def snapshot(self) -> Progress:
-        return Progress(
-            step=self.step,
-            trees=self.trees_added,
-            trees_finished=self.trees_finished,
-            bare_rollouts=self.bare_rollouts,
-            bare_finished=self.bare_finished,
-            continuations=self.continuations,
-            continuations_finished=self.continuations_finished,
-            failed=self.failed,
-            turns_reported=self.turns_reported,
-            elapsed=time.monotonic() - self.started,
-        )
+        return self._tally.progress(self.step, time.monotonic() - self._started)
 
     async def _report_progress(self) -> None:
         while True:
-            await asyncio.sleep(self.config.progress_interval)
+            await asyncio.sleep(self._config.progress_interval)
             self._publish(self.snapshot(), final=False)
 
     def _publish(self, progress: Progress, *, final: bool) -> None:
-        if self.driver.on_progress is not None:
-            self.driver.on_progress(progress)
-        if self.config.progress:
+        if self._driver.on_progress is not None:
+            self._driver.on_progress(progress)
+        if self._config.progress:
             sys.stderr.write(f"\r{progress.line()}" + ("\n" if final else ""))
             sys.stderr.flush()
 
