@@ -810,16 +810,16 @@ class _Answers:
         logger.error("the service refused %d turns: %s", len(batch), error)
         for event in batch:
             owner = self._outbox.answered(event)
-            self._reject(
-                event, RejectedEvent(event_id=event.event_id, status=status, error=str(error)), owner
-            )
+            self._drop(RejectedEvent(event_id=event.event_id, status=status, error=str(error)), owner)
+            # the request's status is no verdict on the event (a 410 or 409 here is not an EventStatus)
+            tree = self._trees.get(event.tree_id)
+            if tree is not None:
+                tree.broken = True
         self._trees.changed.set()
 
     def _reject(self, event: ExpandEvent, item: RejectedEvent, owner: asyncio.Task[object] | None) -> None:
-        """The rollout that made a rejected event cannot go on (its next turns would be orphans)."""
-        self.rejected.append(item)
-        if owner is not None:
-            owner.cancel()
+        """The service's verdict on one event, by its `EventStatus`."""
+        self._drop(item, owner)
         tree = self._trees.get(event.tree_id)
         if tree is None:
             return
@@ -828,6 +828,13 @@ class _Answers:
         elif not (event.instruction_id is not None and item.status == EventStatus.CONFLICT):
             # A continuation's conflict means another worker runs it, not that the tree is broken.
             tree.broken = True
+
+    def _drop(self, item: RejectedEvent, owner: asyncio.Task[object] | None) -> None:
+        """List the event as rejected; the rollout that made it cannot go on (its next turns would be
+        orphans)."""
+        self.rejected.append(item)
+        if owner is not None:
+            owner.cancel()
 
 
 class _Supervisor:

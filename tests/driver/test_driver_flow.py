@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from dataclasses import replace
@@ -123,6 +124,54 @@ async def test_a_tree_nothing_can_finish_is_closed(
     status = {tree.tree.tree_id: tree.tree.status for tree in result.trees}
     assert status.pop(transport.tree_id) is TreeStatus.CLOSED
     assert set(status.values()) == {TreeStatus.COMPLETE}
+
+
+class RefusesAContinuationsReport(httpx.AsyncBaseTransport):
+    """Forwards to the service, but answers the first `/v1/expand` that starts a continuation as a whole
+    with `status` (as a gateway in front of it might), so the service never sees that batch's events."""
+
+    def __init__(self, status: int) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.status = status
+        self.refused: set[str] = set()  # the trees of the refused batch
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == paths.EXPAND and not self.refused:
+            events = json.loads(await request.aread())["events"]
+            if any(event.get("instruction_id") for event in events):
+                self.refused = {event["tree_id"] for event in events}
+                return httpx.Response(self.status, json={"detail": "refused on purpose"})
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+# 410 and 409 are also event statuses (tree finished; a continuation another worker runs): a refusal of
+# the whole request with one of them is still no verdict on its events
+@pytest.mark.parametrize("status", [413, 410, 409])
+async def test_the_trees_of_a_refused_report_are_closed(
+    live: LiveService, workload: SimWorkload, status: int
+) -> None:
+    rewards = itertools.count()
+
+    def two_turns(history: History) -> TurnResult:
+        """Rollouts of two turns with mixed rewards, so every continuation is the one turn that starts it."""
+        if history.depth == 0:
+            return TurnResult(text="first")
+        return TurnResult(text="second", done=True, reward=float(next(rewards) % 2))
+
+    transport = RefusesAContinuationsReport(status)
+    # one event a request: the refused one is a continuation's start and nothing else of its tree
+    config = DriverConfig(batch_events=1, poll_interval=0.1, step_timeout=10)
+    async with AsyncTraceClient(live.url, transport=transport) as client:
+        result = await RolloutDriver(client, two_turns, config=config).run_step(step_request(workload))
+    assert not result.timed_out
+    assert transport.refused
+    assert {item.status for item in result.rejected} == {status}
+    by_tree = {tree.tree.tree_id: tree.tree.status for tree in result.trees}
+    assert {by_tree.pop(tree_id) for tree_id in transport.refused} == {TreeStatus.CLOSED}
+    assert set(by_tree.values()) == {TreeStatus.COMPLETE}
 
 
 @pytest.mark.parametrize(
