@@ -103,6 +103,20 @@ def advantages(parent: npt.ArrayLike, targets: TreeTargets) -> FloatArray:
 
     the local term credits the turn for how it moved the success rate; the global term is the mean over
     the leaves below y of ``r_leaf − V̂(root)``.  NaN where y has no scored leaf below it.
+
+    As a policy-gradient credit for the turn's action a_y in the context c_{p(y)}, ∇log π · (Q̂ − b)
+    with Q̂ = V̂(y): with n_y of the tree's N leaves below y and p = p(y),
+
+        V̂(y) − V̂(root) = (1 − n_y/N) (V̂(y) − V̂(rest)),   V̂(y) − V̂(p) = (1 − n_y/n_p) (V̂(y) − V̂(siblings)),
+
+    rest the leaves not below y, siblings those below p but not y: each term a baseline drawn apart from
+    y's own leaves (GRPO's group baseline; the siblings' from the same state c_p), shrunk by the share
+    of y's leaves.  The local term is zero unless p branched, and a first turn's parent is the prompt, so
+    a first turn and a branch's children are credited twice, every other turn once: a reweighting of
+    turns, not a biased baseline.  `bench/advantages.py` holds the alternatives (GRPO's term alone, the
+    first turn counted once, a baseline of the bare rollouts, the telescoping local term, leave-one-out
+    at the deepest branch point); none learns faster on the held-out families (bench/README.md,
+    "Learning"), so this stays.
     """
     parents = np.asarray(parent, dtype=np.int64)
     parent_value = np.where(parents >= 0, targets.value[np.maximum(parents, 0)], targets.root_value)

@@ -112,6 +112,55 @@ def test_advantages_combine_local_and_global_terms() -> None:
     assert adv[3] == pytest.approx((0.0 - root) + (0.0 - root))
 
 
+@settings(max_examples=150, deadline=None)
+@given(trees())
+def test_advantages_are_their_definition_by_enumeration(tree: tuple[np.ndarray, np.ndarray]) -> None:
+    """Against the leaves below each node, enumerated: A(y) = (V̂(y) − V̂(p(y))) + (V̂(y) − V̂(root)),
+    and the global term is (1 − n_y/N)(V̂(y) − V̂(rest)), rest the leaves not below y (the docstring's
+    reading of it as GRPO's baseline); NaN without a scored leaf below."""
+    parent, reward = tree
+    targets = tree_targets(parent, reward)
+    adv = advantages(parent, targets)
+    outcome = np.where(np.isnan(reward), np.nan, (reward >= 0.5).astype(float))
+    everything = outcome[~np.isnan(outcome)]
+    for node in range(parent.size):
+        below = outcome[leaves_below(parent, node)]
+        below = below[~np.isnan(below)]
+        if below.size == 0:
+            assert np.isnan(adv[node])
+            continue
+        up = parent[node]
+        above = everything if up < 0 else outcome[leaves_below(parent, up)]
+        above = above[~np.isnan(above)]
+        value, root = below.mean(), everything.mean()
+        assert adv[node] == pytest.approx((value - above.mean()) + (value - root))
+        if below.size < everything.size:
+            rest = (everything.sum() - below.sum()) / (everything.size - below.size)
+            assert value - root == pytest.approx((1 - below.size / everything.size) * (value - rest))
+
+
+@settings(max_examples=100, deadline=None)
+@given(trees(), st.sampled_from([0.0, 1.0]))
+def test_a_tree_whose_leaves_agree_has_zero_advantage(
+    tree: tuple[np.ndarray, np.ndarray], outcome: float
+) -> None:
+    parent, reward = tree
+    reward = np.where(np.isnan(reward), np.nan, outcome)
+    targets = tree_targets(parent, reward)
+    adv = advantages(parent, targets)
+    assert np.array_equal(np.isnan(adv), targets.visits == 0)
+    assert np.all(adv[targets.visits > 0] == 0)
+
+
+def test_an_unbranched_rollout_credits_its_first_turn_twice() -> None:
+    """The documented double credit: on a chain the local term is zero below the first turn, whose
+    parent is the prompt, so the first turn gets 2(r − V̂(root)) and every later turn r − V̂(root)."""
+    parent = np.array([-1, 0, 1, -1])  # a 3-turn success and a 1-turn failure
+    reward = np.array([np.nan, np.nan, 1.0, 0.0])
+    adv = advantages(parent, tree_targets(parent, reward))
+    assert adv.tolist() == pytest.approx([1.0, 0.5, 0.5, -1.0])
+
+
 def test_prefix_candidates_use_the_majority_outcome_and_block_mixed_subtrees() -> None:
     # rollout 1: 0 -> 1 -> 2 (success); rollout 2: 3 -> 4 (failure); continuation off 0: 5 (failure)
     parent = np.array([-1, 0, 1, -1, 3, 0])
