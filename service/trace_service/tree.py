@@ -112,8 +112,8 @@ def advantages(parent: npt.ArrayLike, targets: TreeTargets) -> FloatArray:
     rest the leaves not below y, siblings those below p but not y: each term a baseline drawn apart from
     y's own leaves (GRPO's group baseline; the siblings' from the same state c_p), shrunk by the share
     of y's leaves.  The local term is zero unless p branched, and a first turn's parent is the prompt, so
-    a first turn and a branch's children are credited twice, every other turn once: a reweighting of
-    turns, not a biased baseline.  `bench/advantages.py` holds the alternatives (GRPO's term alone, the
+    a first turn and a branch's children get both terms, every other turn one: a reweighting of turns,
+    not a biased baseline.  `bench/advantages.py` holds the alternatives (GRPO's term alone, the
     first turn counted once, a baseline of the bare rollouts, the telescoping local term, leave-one-out
     at the deepest branch point); none learns faster on the held-out families (bench/README.md,
     "Learning"), so this stays.
