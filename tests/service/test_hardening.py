@@ -130,26 +130,49 @@ def post_events(http: httpx.Client, *raw_events: str) -> httpx.Response:
 
 
 @pytest.mark.parametrize(
-    "bad",
+    ("bad", "label", "reason"),
     [
-        '{"event_id": "deep", "tree_id": "t", "node_id": "x", "text": ' + "[" * 3000 + "]" * 3000 + "}",
-        '{"event_id": "\\ud800", "tree_id": "t", "node_id": "x", "done": 5}',
-        '{"\\ud800": 1, "event_id": "odd", "tree_id": "t", "node_id": "x"}',
-        '{"event_id": "big", "tree_id": "t", "node_id": "x", "done": true, "reward": 1e999}',
-        "[" * 3000 + "]" * 3000,
-        "12345678901234567890123456789012345678901234567890",
-        "",
+        # An element that is not readable JSON has no event_id to echo: it is named by its position.
+        (
+            '{"event_id": "deep", "tree_id": "t", "node_id": "x", "text": ' + "[" * 3000 + "]" * 3000 + "}",
+            "events[1]",
+            "event: Invalid JSON: recursion limit exceeded",
+        ),
+        (
+            '{"event_id": "\\ud800", "tree_id": "t", "node_id": "x", "done": 5}',
+            "events[1]",
+            "event: Invalid JSON: unexpected end of hex escape",
+        ),
+        (
+            '{"\\ud800": 1, "event_id": "odd", "tree_id": "t", "node_id": "x"}',
+            "events[1]",
+            "event: Invalid JSON: unexpected end of hex escape",
+        ),
+        # Readable JSON with a readable event_id: named by it, the reason names the field.
+        (
+            '{"event_id": "big", "tree_id": "t", "node_id": "x", "done": true, "reward": 1e999}',
+            "big",
+            "reward: Input should be a finite number",
+        ),
+        ("[" * 3000 + "]" * 3000, "events[1]", "event: Invalid JSON: recursion limit exceeded"),
+        (
+            "12345678901234567890123456789012345678901234567890",
+            "events[1]",
+            "event: Input should be an object",
+        ),
+        ("", "events[1]", "event: Invalid JSON: EOF while parsing a value"),
     ],
 )
-def test_one_bad_event_is_rejected_alone(http: httpx.Client, bad: str) -> None:
+def test_one_bad_event_is_rejected_alone(http: httpx.Client, bad: str, label: str, reason: str) -> None:
     tree_id = allocate_one(http)
     good = json.dumps({"event_id": "ok", "tree_id": tree_id, "node_id": "a"})
     answer = post_events(http, good, bad)
     assert answer.status_code == 200, answer.text
     body = answer.json()
     assert body["accepted"] == 1
-    assert [r["status"] for r in body["rejected"]] == [422]
-    assert body["rejected"][0]["event_id"] in ("deep", "odd", "big", "events[1]")
+    [rejected] = body["rejected"]
+    assert (rejected["event_id"], rejected["status"]) == (label, 422)
+    assert rejected["error"].startswith(reason), rejected["error"]
     tree = http.get(f"/v1/trees/{tree_id}").json()
     assert [n["node_id"] for n in tree["nodes"]] == ["a"]
 
