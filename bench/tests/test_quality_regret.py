@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
 import pytest
 from tiny_policy_workload import TinyPolicyWorkload
 
-from bench.harness import StepConfig, StepResult, Strategy, default_strategies, run_step
+from bench.harness import FreshnessEstimate, StepConfig, StepResult, Strategy, default_strategies, run_step
 from bench.quality import (
     extreme_calibration,
     extreme_share,
@@ -17,6 +18,7 @@ from bench.quality import (
     root_pairs,
     stage1_share,
 )
+from trace_service.allocation import root_value
 
 STEP = StepResult(
     pool=8, active=8, mixed=4, kept=8, mixed_forks=0, rollouts=32, continuations=0, turns=64,
@@ -61,23 +63,48 @@ def test_calibration_at_the_extremes_and_in_bins() -> None:
     assert none == (None, 0)
 
 
+def tiny_config(tasks: int) -> StepConfig:
+    return StepConfig(bare_rollouts=4 * tasks, expansion=2.0, min_rollouts=2, max_rollouts=8)
+
+
 def tiny_step(rewards: list[list[list[float]]], strategy: Strategy = ORACLE) -> StepResult:
     workload = TinyPolicyWorkload(rewards)
-    config = StepConfig(bare_rollouts=4 * len(rewards), expansion=2.0, min_rollouts=2, max_rollouts=8)
+    config = tiny_config(len(rewards))
     return run_step(workload, strategy, workload.prompts, {}, config, np.random.default_rng(0), learn=False)
 
 
-def test_the_oracle_against_itself_is_one_and_reads_the_truth() -> None:
+def best_stage1_by_enumeration(
+    p: np.ndarray, config: StepConfig, freshness: float
+) -> tuple[float, tuple[int, ...]]:
+    """The largest Σ V_root(p_i, m_i) over every count vector (each 0 or in [min, max], Σ m ≤ the bare
+    budget), and a vector that reaches it: the reference Stage 1 optimum, by brute force."""
+    sizes = [0, *range(config.min_rollouts, config.max_rollouts + 1)]
+    candidates = (m for m in itertools.product(sizes, repeat=len(p)) if sum(m) <= config.bare_rollouts)
+    return max(
+        (float(root_value(p, m, expansion=config.expansion, freshness=freshness).sum()), m)
+        for m in candidates
+    )
+
+
+@pytest.mark.parametrize(
+    ("strategy", "freshness"), [(ORACLE, FreshnessEstimate().value), (ORACLE_PAPER, 0.0)]
+)
+def test_the_oracle_reads_the_truth_and_reaches_the_enumerated_optimum(
+    strategy: Strategy, freshness: float
+) -> None:
     rewards = [[[0.9, 0.7], [0.1, 0.2]], [[0.5, 0.5], [0.4, 0.6]], [[0.02, 0.01], [0.0, 0.03]]]
-    for strategy in (ORACLE, ORACLE_PAPER):
-        result = tiny_step(rewards, strategy)
-        assert result.stage1_value == pytest.approx(result.stage1_oracle_value)
-        assert stage1_share([result]) == pytest.approx(1.0)
-        predicted, true = root_pairs([result])
-        assert predicted.tolist() == pytest.approx(true.tolist())
-    # The third task succeeds with p < 0.05: the paper's oracle spends no bare rollout on it (the joint
-    # one may, once the two others are full: their continuations already cover the contrast).
-    assert tiny_step(rewards, ORACLE_PAPER).bare_on_extremes == 0
+    # Under the uniform starting policy a task succeeds with the mean of its reward table.
+    true_p = np.array([(0.9 + 0.7 + 0.1 + 0.2) / 4, 0.5, (0.02 + 0.01 + 0.0 + 0.03) / 4])
+    result = tiny_step(rewards, strategy)
+    predicted, true = root_pairs([result])
+    assert true.tolist() == pytest.approx(true_p.tolist())
+    assert predicted.tolist() == pytest.approx(true_p.tolist())
+    best, counts = best_stage1_by_enumeration(true_p, tiny_config(len(rewards)), freshness)
+    assert result.stage1_oracle_value == pytest.approx(best)
+    assert result.stage1_value == pytest.approx(best)
+    # The third task (p < 0.05) gets the optimum's bare rollouts: none under the paper's objective; the
+    # joint one spends some once the two others are full (their continuations cover the contrast).
+    assert result.bare_on_extremes == counts[2]
 
 
 def test_a_decided_prefix_never_flips() -> None:
