@@ -71,7 +71,7 @@ from bench.harness import (
     run_step,
 )
 from bench.plotting import FIXED, line_colors
-from bench.protocol import add_family_arguments, chosen_families, protocol_line
+from bench.protocol import add_family_arguments, chosen_families, comma_list, mean_std, protocol_line
 from trace_client import AsyncTraceClient
 from trace_client.driver import DriverConfig, FinishedTree, RolloutDriver
 from trace_client.local import RedisServer, ServiceProcess
@@ -652,9 +652,9 @@ def _mean_spread(values: Sequence[float | None]) -> str:
     present = [value for value in values if value is not None]
     if not present:
         return "> horizon"
-    spread = statistics.stdev(present) if len(present) > 1 else 0.0
+    mean, spread = mean_std(present)
     reached = "" if len(present) == len(values) else f" ({len(present)}/{len(values)})"
-    return f"{statistics.fmean(present):.2f} ± {spread:.2f}{reached}"
+    return f"{mean:.2f} ± {spread:.2f}{reached}"
 
 
 def print_summary(results: dict[str, dict[int, dict[str, Curve]]]) -> None:
@@ -669,10 +669,8 @@ def print_summary(results: dict[str, dict[int, dict[str, Curve]]]) -> None:
         figures = [arm_figures(curves) for curves in per_seed.values()]
         for name in figures[0]:
             rows = [seed_figures[name] for seed_figures in figures]
-            finals = [row.final_success for row in rows]
-            final = (
-                f"{statistics.fmean(finals):.3f} ± {statistics.stdev(finals) if len(finals) > 1 else 0.0:.3f}"
-            )
+            final_mean, final_spread = mean_std([row.final_success for row in rows])
+            final = f"{final_mean:.3f} ± {final_spread:.3f}"
             print(
                 f"{family:<10} {name:<14} {final:>15} {_mean_spread([r.turns_ratio for r in rows]):>20} "
                 f"{_mean_spread([r.rollouts_ratio for r in rows]):>20} "
@@ -785,7 +783,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.families = chosen_families(parser, args, policy_families())
     arms = build_arms(args.budget, args.expansion)
     if args.arms is not None:
-        wanted = [name.strip() for name in args.arms.split(",") if name.strip()]
+        wanted = comma_list(args.arms)
         known = {arm.name: arm for arm in arms}
         for name in wanted:
             base, _, variant = name.partition("@")

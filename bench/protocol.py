@@ -1,11 +1,23 @@
 """The benchmarks' family protocol: `--family` picks workload families, `--tune-on FAMILY` names the one
 family every allocation choice (a feature, a default, a threshold) was tuned on, which is then left out
-of the report, so that what is reported was never tuned on."""
+of the report, so that what is reported was never tuned on.  Also what the benchmarks' command lines and
+reports share: comma lists of names (`--family`, `--strategies`, `--arms`) and mean ± std over seeds."""
 
 from __future__ import annotations
 
 import argparse
+import statistics
 from collections.abc import Sequence
+
+
+def comma_list(text: str) -> list[str]:
+    """The names of a comma list such as `--family toolcall, math`, in order, blanks dropped."""
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """The mean and the sample standard deviation of `values` (0 for a single value)."""
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def add_family_arguments(parser: argparse.ArgumentParser, default_help: str) -> None:
@@ -22,12 +34,12 @@ def chosen_families(
     parser: argparse.ArgumentParser, args: argparse.Namespace, known: Sequence[str]
 ) -> list[str]:
     """`--family` (default: every one of `known`) without `--tune-on`'s family; errors through `parser`."""
-    wanted = list(known) if args.family is None else [name.strip() for name in args.family.split(",")]
-    named = [name for name in wanted if name] + ([args.tune_on] if args.tune_on else [])
+    wanted = list(known) if args.family is None else comma_list(args.family)
+    named = wanted + ([args.tune_on] if args.tune_on else [])
     unknown = [name for name in named if name not in known]
     if unknown:
         parser.error(f"unknown families {unknown}; choose from {', '.join(known)}")
-    reported = [name for name in wanted if name and name != args.tune_on]
+    reported = [name for name in wanted if name != args.tune_on]
     if not reported:
         parser.error(f"--tune-on {args.tune_on} leaves no family to report on")
     return reported

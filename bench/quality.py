@@ -51,7 +51,7 @@ from bench.harness import (
 )
 from bench.learned import LearnedEstimator
 from bench.plotting import FIXED, line_colors
-from bench.protocol import add_family_arguments, chosen_families, protocol_line
+from bench.protocol import add_family_arguments, chosen_families, comma_list, mean_std, protocol_line
 from trace_client.sim import FAMILIES, make_workload
 
 ESTIMATORS: dict[str, Callable[[], Estimator]] = {
@@ -134,7 +134,7 @@ def select_strategies(args: argparse.Namespace) -> list[Strategy]:
     strategies = default_strategies(ESTIMATORS[args.estimator])
     if args.strategies is None:
         return strategies
-    wanted = [name.strip() for name in args.strategies.split(",") if name.strip()]
+    wanted = comma_list(args.strategies)
     known = {strategy.name: strategy for strategy in strategies}
     unknown = [name for name in wanted if name not in known]
     if unknown:
@@ -144,10 +144,6 @@ def select_strategies(args: argparse.Namespace) -> list[Strategy]:
 
 def per_step_mean(per_seed: list[list[StepResult]], field: str) -> float:
     return statistics.fmean(getattr(result, field) for seed in per_seed for result in seed)
-
-
-def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 # --- regret decomposition --------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from bench.protocol import add_family_arguments, chosen_families, protocol_line
+from bench.protocol import add_family_arguments, chosen_families, comma_list, mean_std, protocol_line
 
 KNOWN = ["react", "math", "multihop", "toolcall"]
 
@@ -41,3 +41,12 @@ def test_unknown_or_empty_selections_are_errors(argv: tuple[str, ...]) -> None:
 def test_the_output_says_what_was_held_out() -> None:
     line = protocol_line(argparse.Namespace(tune_on="math"), ["react", "toolcall"])
     assert "Tuned on math" in line and "react, toolcall" in line
+
+
+def test_a_comma_list_drops_blanks_and_keeps_its_order() -> None:
+    assert comma_list(" uniform, ,trace@loo,") == ["uniform", "trace@loo"]
+
+
+def test_mean_std_is_the_sample_deviation_and_zero_for_one_value() -> None:
+    assert mean_std([1.0, 2.0, 6.0]) == (pytest.approx(3.0), pytest.approx(7.0**0.5))  # Σ(x − 3)² / 2 = 7
+    assert mean_std([0.25]) == (0.25, 0.0)
