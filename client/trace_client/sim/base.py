@@ -20,6 +20,20 @@ from trace_client.sim.state import Prompt, RolloutState
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
+# Probabilities are kept this far off 0 and 1 before taking logits, so that a logit is always finite.
+LOGIT_EPSILON = 1e-9
+
+
+def logit(p: FloatArray) -> FloatArray:
+    """``log(p / (1 − p))`` of ``p`` clipped to ``[ε, 1 − ε]`` (ε = `LOGIT_EPSILON`)."""
+    clipped = np.clip(p, LOGIT_EPSILON, 1 - LOGIT_EPSILON)
+    return np.asarray(np.log(clipped) - np.log1p(-clipped), dtype=np.float64)
+
+
+def sigmoid(x: FloatArray) -> FloatArray:
+    """``1 / (1 + e^(−x))``, the inverse of `logit`."""
+    return np.asarray(1.0 / (1.0 + np.exp(-x)), dtype=np.float64)
+
 
 class Workload(ABC):
     """A population of simulated tasks (`prompts`), larger than one step's pool."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from trace_client.sim.base import sigmoid
 from trace_client.sim.family_config import MultihopConfig
 from trace_client.sim.lexicon import MULTIHOP_SPELLING, Lexicon
 from trace_client.sim.tabular import (
@@ -28,7 +29,6 @@ from trace_client.sim.tabular import (
     apparent_difficulty,
     draw_tasks,
     graded_prompt_words,
-    sigmoid,
     uniform_lengths,
 )
 

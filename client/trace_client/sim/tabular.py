@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from trace_client.sim.base import PolicyWorkload
+from trace_client.sim.base import PolicyWorkload, logit
 from trace_client.sim.family_config import FamilyConfig, LogitComponent
 from trace_client.sim.lexicon import Lexicon
 from trace_client.sim.state import Prompt, RolloutState, Turn
@@ -34,13 +34,8 @@ from trace_client.sim.state import Prompt, RolloutState, Turn
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 
-# Features clip logits (a hidden state does not grow without bound) and keep p off 0 and 1 first.
-_LOGIT_EPSILON = 1e-9
+# Features clip logits: a hidden state does not grow without bound.
 _FEATURE_LOGIT_CLIP = 6.0
-
-
-def sigmoid(x: FloatArray) -> FloatArray:
-    return np.asarray(1.0 / (1.0 + np.exp(-x)), dtype=np.float64)
 
 
 def softmax_rows(theta: FloatArray) -> FloatArray:
@@ -407,8 +402,7 @@ class TabularWorkload(PolicyWorkload):
         """signal · clip(logit p, ±6) · u + N(0, I): a noisy stand-in for a pooled hidden state."""
         if self._feature_dim == 0:
             return None
-        clipped_p = np.clip(p, _LOGIT_EPSILON, 1 - _LOGIT_EPSILON)
-        logits = np.clip(np.log(clipped_p) - np.log1p(-clipped_p), -_FEATURE_LOGIT_CLIP, _FEATURE_LOGIT_CLIP)
+        logits = np.clip(logit(p), -_FEATURE_LOGIT_CLIP, _FEATURE_LOGIT_CLIP)
         vectors = self._feature_signal * logits[:, None] * self._feature_direction[None, :]
         vectors += rng.standard_normal((p.shape[0], self._feature_dim))
         return [tuple(row) for row in vectors.tolist()]

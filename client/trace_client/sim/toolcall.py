@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from trace_client.sim.base import sigmoid
 from trace_client.sim.family_config import ToolcallConfig
 from trace_client.sim.lexicon import TOOLCALL_SPELLING, Lexicon
 from trace_client.sim.tabular import (
@@ -27,7 +28,6 @@ from trace_client.sim.tabular import (
     apparent_difficulty,
     draw_tasks,
     graded_prompt_words,
-    sigmoid,
     uniform_lengths,
 )
 

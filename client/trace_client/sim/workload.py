@@ -2,31 +2,19 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 
-from trace_client.sim.base import Workload
+from trace_client.sim.base import LOGIT_EPSILON, Workload, logit, sigmoid
 from trace_client.sim.config import SimConfig
 from trace_client.sim.state import Prompt, RolloutState, Turn
 from trace_client.sim.vocabulary import BoolArray, FloatArray, IntArray, Vocabulary
 
-# Probabilities are kept off 0 and 1 before taking logits; features clip logits further (a hidden state
-# does not grow without bound).
-_LOGIT_EPSILON = 1e-9
+# Features clip logits: a hidden state does not grow without bound.
 _FEATURE_LOGIT_CLIP = 6.0
 # Prompt success rates stay strictly inside (0, 1), so learning can move every prompt on the logit scale.
 _P0_EPSILON = 1e-6
-
-
-def _logit(p: FloatArray) -> FloatArray:
-    clipped = np.clip(p, _LOGIT_EPSILON, 1 - _LOGIT_EPSILON)
-    return np.asarray(np.log(clipped) - np.log1p(-clipped), dtype=np.float64)
-
-
-def _sigmoid(x: FloatArray) -> FloatArray:
-    return np.asarray(1.0 / (1.0 + np.exp(-x)), dtype=np.float64)
 
 
 class SimWorkload(Workload):
@@ -48,7 +36,7 @@ class SimWorkload(Workload):
         direction = feature_rng.standard_normal(max(self.config.feature_dim, 1))
         self._feature_direction = direction / np.linalg.norm(direction)
         rng = np.random.default_rng(seed)
-        self._logit_success = _logit(self._draw_success_rates(rng))
+        self._logit_success = logit(self._draw_success_rates(rng))
         ids = [f"s{seed}-p{index:05d}" for index in range(self.config.prompts)]
         self._index = {prompt_id: index for index, prompt_id in enumerate(ids)}
         texts = self._prompt_texts(self._logit_success, rng)
@@ -73,11 +61,11 @@ class SimWorkload(Workload):
 
     def true_success(self, prompt_id: str) -> float:
         """The prompt's current success rate p0 (it moves in learning mode)."""
-        return 1.0 / (1.0 + math.exp(-float(self._logit_success[self._lookup(prompt_id)])))
+        return float(sigmoid(self._logit_success[self._lookup(prompt_id)]))
 
     def true_success_many(self, prompt_ids: Sequence[str]) -> FloatArray:
         indices = np.array([self._lookup(prompt_id) for prompt_id in prompt_ids], dtype=np.int64)
-        return _sigmoid(self._logit_success[indices])
+        return sigmoid(self._logit_success[indices])
 
     def learn(self, prompt_id: str, mixed: bool) -> None:
         """Learning mode: a mixed group trains the policy on the prompt (its logit rises by
@@ -125,7 +113,7 @@ class SimWorkload(Workload):
         progressed = rng.random(count) < p
         p_next = (1 - step) * p + step * progressed
         texts = self._turn_texts(p, step, progressed, final, rng)
-        features = self._features(_logit(p_next), rng)
+        features = self._features(logit(p_next), rng)
         after: list[RolloutState] = []
         for index, state in enumerate(states):
             is_final = bool(final[index])
@@ -176,7 +164,7 @@ class SimWorkload(Workload):
         text = self.config.text
         vocabulary = self.vocabulary
         count = p.shape[0]
-        logit_p = _logit(p)
+        logit_p = logit(p)
         thoughts = vocabulary.segments(
             self._uniform_lengths(text.thought_words, count, rng),
             np.full(count, text.thought_signal_rate),
@@ -186,7 +174,7 @@ class SimWorkload(Workload):
         tools = vocabulary.tools(count, rng)
         arguments = vocabulary.plain(self._uniform_lengths(text.action_arguments, count, rng), rng)
         # The more a turn moved p, the more clearly its observation says which way.
-        largest_step = max(self.config.step_size[1], _LOGIT_EPSILON)
+        largest_step = max(self.config.step_size[1], LOGIT_EPSILON)
         observation_rate = text.observation_signal_rate * np.minimum(1.0, step / largest_step)
         observations = vocabulary.segments(
             self._uniform_lengths(text.observation_words, count, rng),
