@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from support import LiveService, make_settings
+from support import make_settings
 
-from trace_client.local import RedisNotInstalled, RedisServer
+from trace_client.local import RedisNotInstalled, RedisServer, ThreadedService
 
 
 @pytest.fixture(scope="session")
@@ -35,6 +35,6 @@ def store_url(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def service(store_url: str) -> Iterator[LiveService]:
-    with LiveService(make_settings(store_url)) as live:
+def service(store_url: str) -> Iterator[ThreadedService]:
+    with ThreadedService.from_settings(make_settings(store_url)) as live:
         yield live

@@ -1,24 +1,14 @@
-"""Test support: settings for tests, the service on them, events to send.  Servers and Redis come from
-`trace_client.local`, the harness that tests, benchmarks and the demo share."""
+"""Test support: settings for tests and events to send.  The service on them
+(`ThreadedService.from_settings`), servers and Redis come from `trace_client.local`, the harness that
+tests, benchmarks and the demo share."""
 
 from __future__ import annotations
 
 import itertools
 import uuid
 
-from trace_client.local import ThreadedService
 from trace_proto import ExpandEvent
-from trace_service.app import create_app
 from trace_service.settings import Settings
-
-
-class LiveService(ThreadedService):
-    """The service's own app on test `settings`, served in a thread (`ThreadedService.from_settings`
-    under the name the tests know it by)."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        super().__init__(create_app(settings))
 
 
 def make_settings(store_url: str = "", **overrides: object) -> Settings:

@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
-from support import LiveService, make_settings
+from support import make_settings
 
 from trace_client import AsyncTraceClient
 from trace_client.adapters import token_trajectories
 from trace_client.driver import History, RolloutDriver, TurnResult, TurnTokens
+from trace_client.local import ThreadedService
 from trace_client.sim import SimConfig, SimWorkload
 from trace_client.sim.workers import SimAgent, prompt_in
 from trace_proto import AllocateRequest
@@ -35,7 +36,9 @@ async def test_every_policy_token_of_a_step_is_trained_once_with_its_turns_advan
 
     prompts = [prompt_in(p) for p in workload.sample_pool(8, np.random.default_rng(3))]
     request = AllocateRequest(job="adapters", step=0, budget=24, expansion=1.0, prompts=prompts)
-    with LiveService(make_settings(train_interval_seconds=60.0, sweep_interval_seconds=60.0)) as live:
+    with ThreadedService.from_settings(
+        make_settings(train_interval_seconds=60.0, sweep_interval_seconds=60.0)
+    ) as live:
         async with AsyncTraceClient(live.url) as client:
             result = await RolloutDriver(client, next_turn).run_step(request)
     rows = token_trajectories(result.trees, lambda prompt: [len(prompt.text or "")])

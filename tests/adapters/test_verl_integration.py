@@ -14,7 +14,7 @@ import torch
 from adapter_trees import finished_tree
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
-from support import LiveService, make_settings
+from support import make_settings
 from transformers import AutoTokenizer
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap
 from verl.protocol import DataProto
@@ -32,6 +32,7 @@ from trace_client import TraceClient
 from trace_client.driver import History, TurnResult, TurnTokens
 from trace_client.integrations import verl as integration
 from trace_client.integrations.verl import dry_run
+from trace_client.local import ThreadedService
 from trace_client.sim import SimConfig, SimWorkload
 from trace_proto import PromptIn
 
@@ -226,7 +227,7 @@ def test_a_batch_gets_per_prompt_rollout_counts_from_the_allocation(verl_config:
         }
     )
     tu.assign_non_tensor_data(batch, "global_steps", 3)
-    with LiveService(idle_settings()) as live, TraceClient(live.url) as client:
+    with ThreadedService.from_settings(idle_settings()) as live, TraceClient(live.url) as client:
         config = compose_config(live.url, "++trace.budget=8", "++trace.job=verl-batch")
         allocation = integration.annotate_batch(batch, config, client)
     counts = batch[integration.ROLLOUT_N_FIELD].tolist()
@@ -334,7 +335,7 @@ async def test_the_default_reward_is_verls_rule_based_score(byte_model: Path) ->
 
 @pytest.mark.slow
 def test_a_dry_run_step_trains_on_every_path_with_the_tree_advantages() -> None:
-    with LiveService(idle_settings()) as live:
+    with ThreadedService.from_settings(idle_settings()) as live:
         options = dry_run.DryRunOptions(url=live.url, pool=12, budget=12, expansion=1.0, prompts=48, seed=4)
         with dry_run.dry_run(options) as run:
             report = run.step(1)

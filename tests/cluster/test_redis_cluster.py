@@ -9,11 +9,11 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from support import LiveService, make_settings, rollout
+from support import make_settings, rollout
 
 from trace_client import TraceClient
 from trace_client.load import Ledger, LoadConfig, LoadRun, Replicas, export_run
-from trace_client.local import RedisCluster, RedisNotInstalled
+from trace_client.local import RedisCluster, RedisNotInstalled, ThreadedService
 from trace_proto import AllocateRequest, ExpandEvent, Instruction, PromptIn, TreeStatus
 
 _TREES = 12  # all on one master by chance: 3 · 3⁻¹² ≈ 6e-6
@@ -78,7 +78,7 @@ def wait_for_published_weights(cluster: RedisCluster, prefix: str) -> None:
 def test_the_v1_flow_on_a_three_master_cluster(cluster: RedisCluster) -> None:
     settings = make_settings(cluster.url, store_cluster=True)
     prompts = [PromptIn(prompt_id=f"p{i}", text=f"task {i}") for i in range(_TREES)]
-    live = LiveService(settings)
+    live = ThreadedService.from_settings(settings)
     now = [time.time()]
     live.app.state.clock = lambda: now[0]  # leases run on this clock: the test moves it instead of waiting
     with live, TraceClient(live.url, max_retries=0) as client:
@@ -146,7 +146,7 @@ async def test_two_replicas_under_storms_on_a_cluster(cluster: RedisCluster) -> 
     """Concurrent duplicate and reordered batches from two replicas: claims, decisions, sweeps and job
     indexes on several slots at once."""
     settings = make_settings(cluster.url, store_cluster=True, lease_seconds=2, decision_lease_seconds=2)
-    with LiveService(settings) as first, LiveService(settings) as second:
+    with ThreadedService.from_settings(settings) as first, ThreadedService.from_settings(settings) as second:
         replicas = Replicas([first.url, second.url], Ledger())
         try:
             run = LoadRun(replicas, STORM)

@@ -13,11 +13,12 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
-from support import LiveService, make_settings
+from support import make_settings
 
 from trace_client.demo import cli, loop
 from trace_client.demo.config import DemoConfig
 from trace_client.demo.report import DemoReport, PolicyRun, comparison_table
+from trace_client.local import ThreadedService
 from trace_proto import JobStats, Policy, PredictorInfo, StepStats
 
 TINY_DEMO = ["--steps", "1", "--pool", "6", "--budget", "12", "--prompts", "24", "--policies", "uniform"]
@@ -49,7 +50,7 @@ def test_a_tiny_demo_compares_both_policies_and_writes_its_files(tmp_path: Path)
 
 def test_the_command_drives_a_running_service(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     settings = make_settings(train_interval_seconds=60.0, sweep_interval_seconds=60.0)
-    with LiveService(settings) as live:
+    with ThreadedService.from_settings(settings) as live:
         url = live.url
         code = cli.main(
             [
@@ -143,7 +144,7 @@ def test_a_service_that_refuses_the_demo_is_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.delenv("TRACE_TOKEN", raising=False)
-    with LiveService(make_settings(auth_tokens="s3cret")) as live:
+    with ThreadedService.from_settings(make_settings(auth_tokens="s3cret")) as live:
         url = live.url
         code = cli.main(["--url", url, "--quiet", "--out", str(tmp_path), *TINY_DEMO])
     assert code == 1
@@ -175,7 +176,7 @@ def test_json_prints_the_results_on_stdout_with_the_token_from_the_environment(
 ) -> None:
     monkeypatch.setenv("TRACE_TOKEN", "s3cret")
     settings = make_settings(auth_tokens="s3cret", train_interval_seconds=60.0, sweep_interval_seconds=60.0)
-    with LiveService(settings) as live:
+    with ThreadedService.from_settings(settings) as live:
         url = live.url
         code = cli.main(["--url", url, "--json", "--out", str(tmp_path), *TINY_DEMO])
     assert code == 0

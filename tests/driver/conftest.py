@@ -7,15 +7,15 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 from driver_support import quiet_settings
-from support import LiveService
 
+from trace_client.local import ThreadedService
 from trace_client.sim import SimConfig, SimWorkload
 from trace_client.sim.workers import SimAgent
 
 
 @pytest.fixture(scope="module")
-def live() -> Iterator[LiveService]:
-    with LiveService(quiet_settings()) as service:
+def live() -> Iterator[ThreadedService]:
+    with ThreadedService.from_settings(quiet_settings()) as service:
         yield service
 
 

@@ -11,10 +11,10 @@ from dataclasses import replace
 import httpx
 import pytest
 from driver_support import assert_every_promise_kept, step_request
-from support import LiveService
 
 from trace_client import AsyncTraceClient, Backoff
 from trace_client.driver import DriverConfig, History, Progress, RolloutDriver, TurnResult
+from trace_client.local import ThreadedService
 from trace_client.sim import RolloutState, SimWorkload
 from trace_client.sim.workers import SimAgent
 from trace_proto import ExpandEvent, ExpandRequest, Policy, TreeStatus, paths
@@ -23,7 +23,7 @@ FAST_RETRIES = Backoff(initial_delay=0.01, max_delay=0.05)
 
 
 async def test_every_tree_completes_and_every_continuation_runs_once(
-    live: LiveService, workload: SimWorkload, agent: SimAgent
+    live: ThreadedService, workload: SimWorkload, agent: SimAgent
 ) -> None:
     seen: list[Progress] = []
     # Small batches over few trees: many requests, each tree's events spread over several of them.
@@ -70,7 +70,7 @@ class LosesFirstInstructions(httpx.AsyncBaseTransport):
 
 
 async def test_instructions_whose_answer_was_lost_are_claimed(
-    live: LiveService, workload: SimWorkload, agent: SimAgent
+    live: ThreadedService, workload: SimWorkload, agent: SimAgent
 ) -> None:
     transport = LosesFirstInstructions()
     config = DriverConfig(poll_interval=0.1, step_timeout=30)
@@ -109,7 +109,7 @@ class StealsABareStart(httpx.AsyncBaseTransport):
 
 
 async def test_a_tree_nothing_can_finish_is_closed(
-    live: LiveService, workload: SimWorkload, agent: SimAgent
+    live: ThreadedService, workload: SimWorkload, agent: SimAgent
 ) -> None:
     transport = StealsABareStart()
     config = DriverConfig(poll_interval=0.1, step_timeout=30)
@@ -151,7 +151,7 @@ class RefusesAContinuationsReport(httpx.AsyncBaseTransport):
 # the whole request with one of them is still no verdict on its events
 @pytest.mark.parametrize("status", [413, 410, 409])
 async def test_the_trees_of_a_refused_report_are_closed(
-    live: LiveService, workload: SimWorkload, status: int
+    live: ThreadedService, workload: SimWorkload, status: int
 ) -> None:
     rewards = itertools.count()
 
@@ -184,7 +184,7 @@ async def test_the_trees_of_a_refused_report_are_closed(
     ],
 )
 async def test_a_failing_callable_fails_only_its_rollout(
-    live: LiveService, workload: SimWorkload, agent: SimAgent, fault: str, error: str
+    live: ThreadedService, workload: SimWorkload, agent: SimAgent, fault: str, error: str
 ) -> None:
     request = step_request(workload, policy=Policy.UNIFORM)  # every prompt active
     target = request.prompts[0].prompt_id
@@ -220,7 +220,7 @@ async def test_a_failing_callable_fails_only_its_rollout(
 
 
 async def test_a_score_callable_rewards_unscored_final_turns(
-    live: LiveService, workload: SimWorkload, agent: SimAgent
+    live: ThreadedService, workload: SimWorkload, agent: SimAgent
 ) -> None:
     scored: dict[int, float] = {}
 
@@ -251,7 +251,7 @@ async def test_a_score_callable_rewards_unscored_final_turns(
 
 
 async def test_the_deadline_closes_what_is_left(
-    live: LiveService, workload: SimWorkload, agent: SimAgent
+    live: ThreadedService, workload: SimWorkload, agent: SimAgent
 ) -> None:
     request = step_request(workload, pool=6, budget=12, policy=Policy.UNIFORM)
     stuck = request.prompts[0].prompt_id
@@ -273,7 +273,7 @@ async def test_the_deadline_closes_what_is_left(
 
 
 async def test_a_blocking_callable_runs_in_threads_and_times_out(
-    live: LiveService, workload: SimWorkload
+    live: ThreadedService, workload: SimWorkload
 ) -> None:
     request = step_request(workload, pool=4, budget=8, policy=Policy.UNIFORM)
     slow = request.prompts[0].prompt_id

@@ -10,10 +10,10 @@ import time
 import httpx
 import pytest
 from driver_support import step_request
-from support import LiveService
 
 from trace_client import AsyncTraceClient
 from trace_client.driver import DriverConfig, FinishedTree, History, Progress, RolloutDriver, TurnResult
+from trace_client.local import ThreadedService
 from trace_client.sim import SimWorkload
 from trace_client.sim.workers import SimAgent
 from trace_proto import AllocateResponse, Policy, PromptIn, TreeStatus, paths
@@ -48,7 +48,7 @@ async def run_every_tree(
 
 
 async def test_concurrent_trees_complete_with_every_continuation_and_share_batches(
-    live: LiveService, workload: SimWorkload, agent: SimAgent
+    live: ThreadedService, workload: SimWorkload, agent: SimAgent
 ) -> None:
     request = step_request(workload, rounds=2)
     pool = {prompt.prompt_id: prompt for prompt in request.prompts}
@@ -74,7 +74,7 @@ async def test_concurrent_trees_complete_with_every_continuation_and_share_batch
 
 
 async def test_a_tree_past_the_deadline_comes_back_closed_and_the_others_complete(
-    live: LiveService, workload: SimWorkload, agent: SimAgent
+    live: ThreadedService, workload: SimWorkload, agent: SimAgent
 ) -> None:
     request = step_request(workload, pool=6, budget=12, policy=Policy.UNIFORM)
     pool = {prompt.prompt_id: prompt for prompt in request.prompts}
@@ -102,7 +102,7 @@ async def test_a_tree_past_the_deadline_comes_back_closed_and_the_others_complet
 
 
 async def test_a_tree_must_come_with_the_prompt_it_was_allocated_for(
-    live: LiveService, workload: SimWorkload, agent: SimAgent
+    live: ThreadedService, workload: SimWorkload, agent: SimAgent
 ) -> None:
     request = step_request(workload, pool=4, budget=8)
     async with AsyncTraceClient(live.url) as client:

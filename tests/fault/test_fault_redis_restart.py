@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 from fault_support import assert_clean, new_prefix, replica_settings
-from support import LiveService
 
 from trace_client import AsyncTraceClient, TraceUnavailable
 from trace_client.load import Ledger, LoadConfig, LoadRun, Replicas, export_run
-from trace_client.local import RedisServer
+from trace_client.local import RedisServer, ThreadedService
 
 #: A tree the fault leaves stuck would be closed at the step's deadline: "completed or explicitly
 #: closed" is the requirement (test_fault_store_windows.py pins each recovery path down).
@@ -36,7 +35,10 @@ async def test_redis_restarted_mid_run_gives_503s_then_loses_nothing(tmp_path: P
         redis.restart(down_seconds=_DOWN_SECONDS)
 
     try:
-        with LiveService(settings) as first, LiveService(settings) as second:
+        with (
+            ThreadedService.from_settings(settings) as first,
+            ThreadedService.from_settings(settings) as second,
+        ):
             replicas = Replicas([first.url, second.url], Ledger())
             run = LoadRun(replicas, LOAD)
             try:
@@ -71,7 +73,7 @@ async def test_once_redis_is_back_no_request_is_refused(tmp_path: Path) -> None:
     redis = RedisServer(tmp_path)
     redis.start()
     try:
-        with LiveService(replica_settings(redis.url, new_prefix())) as live:
+        with ThreadedService.from_settings(replica_settings(redis.url, new_prefix())) as live:
             async with AsyncTraceClient(live.url, max_retries=0) as client:
                 assert await unavailable_in_a_burst(client) == 0  # the pool now holds several connections
                 redis.restart()

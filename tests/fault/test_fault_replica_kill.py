@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 from fault_support import assert_clean, new_prefix, process_settings, replica_settings
-from support import LiveService
 
 from trace_client.load import Ledger, LoadConfig, LoadRun, Replicas, export_run
-from trace_client.local import RedisServer, ServiceProcess
+from trace_client.local import RedisServer, ServiceProcess, ThreadedService
 
 #: Two steps: the kill falls halfway through the second step's bare rollouts, with Stage 2 decisions,
 #: leases and inline instructions in flight on the victim.  A tree the fault leaves stuck is closed at
@@ -27,7 +26,7 @@ async def test_a_replica_killed_mid_run_loses_nothing(redis_server: RedisServer,
     prefix = new_prefix()
     victim = ServiceProcess(redis_server.url, tmp_path, process_settings(prefix)).start()
     try:
-        with LiveService(replica_settings(redis_server.url, prefix)) as survivor:
+        with ThreadedService.from_settings(replica_settings(redis_server.url, prefix)) as survivor:
             victim.wait_ready()
             replicas = Replicas([victim.url, survivor.url], Ledger())
             run = LoadRun(replicas, LOAD)

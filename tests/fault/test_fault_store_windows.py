@@ -16,10 +16,10 @@ from typing import TypeVar
 import pytest
 from fault_support import fail_once, new_prefix, replica_settings
 from redis.exceptions import ConnectionError as RedisConnectionError
-from support import LiveService, rollout
+from support import rollout
 
 from trace_client import TraceClient, TraceUnavailable
-from trace_client.local import RedisServer
+from trace_client.local import RedisServer, ThreadedService
 from trace_proto import AllocateRequest, ExpandEvent, Instruction, PromptIn, TreeAllocation
 from trace_service.store import TreeStore, connect
 
@@ -31,7 +31,7 @@ _RECOVERY_SECONDS = 3.0
 
 
 @pytest.fixture(scope="module")
-def replica(redis_server: RedisServer) -> Iterator[LiveService]:
+def replica(redis_server: RedisServer) -> Iterator[ThreadedService]:
     settings = replica_settings(
         redis_server.url,
         new_prefix(),
@@ -39,7 +39,7 @@ def replica(redis_server: RedisServer) -> Iterator[LiveService]:
         decision_lease_seconds=_LEASE,
         sweep_interval_seconds=0.1,
     )
-    with LiveService(settings) as live:
+    with ThreadedService.from_settings(settings) as live:
         yield live
 
 
@@ -49,7 +49,7 @@ def job() -> str:
     return f"job-{uuid.uuid4().hex[:8]}"
 
 
-def store_of(live: LiveService) -> TreeStore:
+def store_of(live: ThreadedService) -> TreeStore:
     store: TreeStore = live.app.state.engine.store
     return store
 
@@ -81,7 +81,7 @@ def offered(client: TraceClient, job: str) -> list[Instruction]:
 
 
 def test_a_failed_stage2_decision_is_taken_over_and_offered(
-    replica: LiveService, job: str, monkeypatch: pytest.MonkeyPatch
+    replica: ThreadedService, job: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The recovery the other tests expect: the decision fails before it is recorded and its worker
     never comes back; the claim lapses, the sweeper decides the round (loading the tree itself) and
@@ -95,7 +95,7 @@ def test_a_failed_stage2_decision_is_taken_over_and_offered(
 
 
 def test_an_allocation_retried_after_a_store_failure_has_its_trees(
-    replica: LiveService, job: str, monkeypatch: pytest.MonkeyPatch
+    replica: ThreadedService, job: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with TraceClient(replica.url, max_retries=0) as client:
         request = AllocateRequest(job=job, step=0, budget=2, prompts=[PromptIn(prompt_id="p")])
@@ -107,7 +107,7 @@ def test_an_allocation_retried_after_a_store_failure_has_its_trees(
 
 
 def test_a_stage2_claim_whose_decision_was_never_recorded_is_still_decided(
-    replica: LiveService, job: str, monkeypatch: pytest.MonkeyPatch
+    replica: ThreadedService, job: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """apply_events.lua claims the decision; the claimant fails before recording it.  The claim lapses
     and the sweeper, which reads the claim from the tree itself, decides the round."""
@@ -121,7 +121,7 @@ def test_a_stage2_claim_whose_decision_was_never_recorded_is_still_decided(
 
 
 def test_instructions_recorded_but_whose_answer_was_lost_are_still_offered(
-    replica: LiveService, job: str, monkeypatch: pytest.MonkeyPatch
+    replica: ThreadedService, job: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """commit_decision.lua records the instructions, then the replica fails before answering: the
     instructions were offered before they were recorded, so a worker can claim them."""
@@ -143,7 +143,7 @@ def test_instructions_recorded_but_whose_answer_was_lost_are_still_offered(
 
 
 def test_a_tree_completed_before_a_store_failure_still_trains_the_predictor(
-    replica: LiveService, job: str, monkeypatch: pytest.MonkeyPatch
+    replica: ThreadedService, job: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with TraceClient(replica.url, max_retries=0) as client:
 

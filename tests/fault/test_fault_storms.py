@@ -9,11 +9,11 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 from fault_support import assert_clean, new_prefix, replica_settings
-from support import LiveService, rollout
+from support import rollout
 
 from trace_client import AsyncTraceClient
 from trace_client.load import UNKNOWN_PARENT, Ledger, LoadConfig, LoadRun, Replicas, export_run
-from trace_client.local import RedisServer
+from trace_client.local import RedisServer, ThreadedService
 from trace_proto import AllocateRequest, ExpandEvent, ExpandResponse, Instruction, PromptIn, TreeStatus
 
 _COPIES = 3
@@ -22,9 +22,9 @@ _ROUNDS = 10
 
 
 @pytest.fixture(scope="module")
-def replicas(redis_server: RedisServer) -> Iterator[list[LiveService]]:
+def replicas(redis_server: RedisServer) -> Iterator[list[ThreadedService]]:
     settings = replica_settings(redis_server.url, new_prefix())
-    with LiveService(settings) as first, LiveService(settings) as second:
+    with ThreadedService.from_settings(settings) as first, ThreadedService.from_settings(settings) as second:
         yield [first, second]
 
 
@@ -81,7 +81,7 @@ async def storm(
     raise AssertionError(f"{len(remaining)} events still waiting for their parents after {_ROUNDS} rounds")
 
 
-async def test_a_storm_of_copies_takes_effect_exactly_once(replicas: list[LiveService]) -> None:
+async def test_a_storm_of_copies_takes_effect_exactly_once(replicas: list[ThreadedService]) -> None:
     clients = [AsyncTraceClient(live.url, max_retries=0) for live in replicas]
     try:
         allocation = await clients[0].allocate(
@@ -130,7 +130,7 @@ async def test_a_storm_of_copies_takes_effect_exactly_once(replicas: list[LiveSe
         await asyncio.gather(*(client.aclose() for client in clients))
 
 
-async def test_a_storm_load_takes_effect_exactly_once(replicas: list[LiveService]) -> None:
+async def test_a_storm_load_takes_effect_exactly_once(replicas: list[ThreadedService]) -> None:
     load = LoadConfig(job="storm-load", steps=1, prompts=8, rollouts_per_prompt=4, workers=4, storm=True)
     pool = Replicas([live.url for live in replicas], Ledger())
     try:

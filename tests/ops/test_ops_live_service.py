@@ -9,14 +9,15 @@ from collections.abc import Iterator
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support import LiveService, make_settings
+from support import make_settings
 
+from trace_client.local import ThreadedService
 from trace_service.metrics import METRIC_NAMES
 
 
 @pytest.fixture(scope="module")
-def service() -> Iterator[LiveService]:
-    with LiveService(make_settings()) as live:
+def service() -> Iterator[ThreadedService]:
+    with ThreadedService.from_settings(make_settings()) as live:
         yield live
 
 
@@ -45,18 +46,18 @@ def exposed_names(exposition: str) -> set[str]:
     return {f"{family.name}_total" if family.type == "counter" else family.name for family in families}
 
 
-def test_probe_paths_answer(service: LiveService) -> None:
+def test_probe_paths_answer(service: ThreadedService) -> None:
     assert get(f"{service.url}/healthz")[0] == 200
     assert get(f"{service.url}/readyz")[0] == 200
 
 
-def test_metrics_path_serves_every_metric(service: LiveService) -> None:
+def test_metrics_path_serves_every_metric(service: ThreadedService) -> None:
     status, exposition = get(f"{service.url}/metrics")
     assert status == 200
     assert exposed_names(exposition) >= METRIC_NAMES
 
 
-def test_requests_are_labelled_by_route_template(service: LiveService) -> None:
+def test_requests_are_labelled_by_route_template(service: ThreadedService) -> None:
     """The latency alert selects route="/v1/expand"; the dashboard's job filter needs the job label."""
     post(f"{service.url}/v1/expand", {"events": []})
     allocation = {

@@ -6,9 +6,10 @@ import random
 
 import httpx
 import pytest
-from support import LiveService, rollout, turn
+from support import rollout, turn
 
 from trace_client import TraceClient
+from trace_client.local import ThreadedService
 from trace_proto import AllocateRequest, ExpandResponse, Instruction, PromptIn
 
 
@@ -22,7 +23,7 @@ def run_continuations(client: TraceClient, instructions: list[Instruction], rewa
     return client.expand(events)
 
 
-def test_allocate_expand_complete_export(service: LiveService) -> None:
+def test_allocate_expand_complete_export(service: ThreadedService) -> None:
     with TraceClient(service.url) as client:
         allocation = client.allocate(
             AllocateRequest(
@@ -53,7 +54,7 @@ def test_allocate_expand_complete_export(service: LiveService) -> None:
         assert stats.steps[0].continuations_spent == tree.expansion_budget
 
 
-def test_duplicates_are_acknowledged_and_conflicts_reported(service: LiveService) -> None:
+def test_duplicates_are_acknowledged_and_conflicts_reported(service: ThreadedService) -> None:
     with TraceClient(service.url) as client:
         allocation = client.allocate(AllocateRequest(step=0, budget=2, prompts=[PromptIn(prompt_id="p")]))
         tree_id = allocation.trees[0].tree_id
@@ -71,7 +72,7 @@ def test_duplicates_are_acknowledged_and_conflicts_reported(service: LiveService
         assert codes == {orphan.event_id: 409, "other": 409, unknown.event_id: 404}
 
 
-def test_budget_is_never_exceeded(service: LiveService) -> None:
+def test_budget_is_never_exceeded(service: ThreadedService) -> None:
     with TraceClient(service.url) as client:
         allocation = client.allocate(AllocateRequest(step=0, budget=3, prompts=[PromptIn(prompt_id="p")]))
         tree_id = allocation.trees[0].tree_id
@@ -87,7 +88,7 @@ def test_budget_is_never_exceeded(service: LiveService) -> None:
         assert response.rejected[0].status == 409
 
 
-def test_a_bad_event_does_not_stop_the_others(service: LiveService) -> None:
+def test_a_bad_event_does_not_stop_the_others(service: ThreadedService) -> None:
     with TraceClient(service.url) as client:
         allocation = client.allocate(AllocateRequest(step=0, budget=2, prompts=[PromptIn(prompt_id="p")]))
         tree_id = allocation.trees[0].tree_id
@@ -102,7 +103,7 @@ def test_a_bad_event_does_not_stop_the_others(service: LiveService) -> None:
         assert {r["event_id"]: r["status"] for r in answer["rejected"]} == {"bad": 422, "events[2]": 422}
 
 
-def test_a_worker_that_lost_the_answer_gets_its_instructions_again(service: LiveService) -> None:
+def test_a_worker_that_lost_the_answer_gets_its_instructions_again(service: ThreadedService) -> None:
     with TraceClient(service.url) as client:
         allocation = client.allocate(
             AllocateRequest(step=0, budget=2, expansion=2.0, prompts=[PromptIn(prompt_id="p")])

@@ -13,9 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from support import LiveService, make_settings, rollout, turn
+from support import make_settings, rollout, turn
 
-from trace_client.local import free_port
+from trace_client.local import ThreadedService, free_port
 from trace_proto import AllocateRequest, Policy, PromptIn
 from trace_proto.v1 import limits
 from trace_service.app import create_app
@@ -98,7 +98,7 @@ async def test_an_allocation_of_more_than_eight_thousand_trees_is_listed_and_cou
 
 
 @pytest.fixture
-def http(service: LiveService) -> Iterator[httpx.Client]:
+def http(service: ThreadedService) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=service.url, timeout=60) as client:
         yield client
 
@@ -324,7 +324,7 @@ def test_metadata_numbers_must_be_finite(http: httpx.Client, value: str) -> None
 
 
 def test_the_store_unavailable_answer_promises_nothing() -> None:
-    with LiveService(make_settings(f"redis://127.0.0.1:{free_port()}/0")) as live:
+    with ThreadedService.from_settings(make_settings(f"redis://127.0.0.1:{free_port()}/0")) as live:
         body = {"step": 0, "budget": 2, "prompts": [{"prompt_id": "p"}]}
         answer = httpx.post(f"{live.url}/v1/allocate", json=body, timeout=30)
     assert answer.status_code == 503

@@ -11,8 +11,9 @@ from typing import Any
 
 import httpx
 import pytest
-from support import LiveService, make_settings
+from support import make_settings
 
+from trace_client.local import ThreadedService
 from trace_proto.v1 import limits
 
 #: Values no integer field of the contract takes.
@@ -251,12 +252,12 @@ def tally(client: httpx.Client) -> tuple[int, list[str]]:
 
 
 @pytest.fixture
-def small_body_service(store_url: str) -> Iterator[LiveService]:
-    with LiveService(make_settings(store_url, max_body_bytes=1 << 20)) as live:
+def small_body_service(store_url: str) -> Iterator[ThreadedService]:
+    with ThreadedService.from_settings(make_settings(store_url, max_body_bytes=1 << 20)) as live:
         yield live
 
 
-def test_every_hostile_input_gets_a_clean_4xx(small_body_service: LiveService) -> None:
+def test_every_hostile_input_gets_a_clean_4xx(small_body_service: ThreadedService) -> None:
     with httpx.Client(base_url=small_body_service.url, timeout=120) as client:
         count, problems = tally(client)
         assert count > 200

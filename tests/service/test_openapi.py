@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
-from support import LiveService, make_settings
+from support import make_settings
 
+from trace_client.local import ThreadedService
 from trace_service.cli import openapi_text
 
 OPENAPI = Path(__file__).resolve().parents[2] / "proto" / "openapi.v1.json"
@@ -25,15 +26,15 @@ def test_committed_openapi_document_is_current() -> None:
 
 
 @pytest.fixture(scope="module")
-def fuzzed_service() -> Iterator[LiveService]:
-    with LiveService(make_settings("")) as live:
+def fuzzed_service() -> Iterator[ThreadedService]:
+    with ThreadedService.from_settings(make_settings("")) as live:
         yield live
 
 
 @schema.parametrize()
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 def test_no_generated_request_gets_a_server_error(
-    case: schemathesis.Case, fuzzed_service: LiveService
+    case: schemathesis.Case, fuzzed_service: ThreadedService
 ) -> None:
     response = case.call(base_url=fuzzed_service.url)
     assert response.status_code < 500, f"{case.method} {case.formatted_path}: {response.text[:500]}"
@@ -54,7 +55,7 @@ class Workflow(schema.as_state_machine()):  # type: ignore[misc]
         assert response.status_code < 500, f"{case.method} {case.formatted_path}: {response.text[:500]}"
 
 
-def test_no_sequence_of_linked_requests_gets_a_server_error(fuzzed_service: LiveService) -> None:
+def test_no_sequence_of_linked_requests_gets_a_server_error(fuzzed_service: ThreadedService) -> None:
     Workflow.base_url = fuzzed_service.url
     Workflow.run(
         settings=settings(

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from support import LiveService
+
+from trace_client.local import ThreadedService
 
 
-def test_readyz_answers_200_when_the_store_and_the_predictor_answer(service: LiveService) -> None:
+def test_readyz_answers_200_when_the_store_and_the_predictor_answer(service: ThreadedService) -> None:
     answer = httpx.get(f"{service.url}/readyz")
     assert (answer.status_code, answer.json()) == (200, {"ready": True, "store": True, "predictor": True})
 
 
 def test_readyz_answers_503_when_the_predictor_cannot_predict(
-    service: LiveService, monkeypatch: pytest.MonkeyPatch
+    service: ThreadedService, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def broken(queries: object) -> None:
         raise RuntimeError("weights on a lost device")

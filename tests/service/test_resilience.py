@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 import pytest
 from redis.exceptions import DataError
-from support import LiveService, make_settings, rollout, turn
+from support import make_settings, rollout, turn
 
 from trace_client import AsyncTraceClient, TraceClient
-from trace_client.local import RedisServer, free_port
+from trace_client.local import RedisServer, ThreadedService, free_port
 from trace_proto import AllocateRequest, PromptIn
 from trace_service.app import create_app
 from trace_service.engine import Engine, maintenance
@@ -39,7 +39,7 @@ def one_prompt(client: TraceClient, budget: int = 4, expansion: float = 1.0) -> 
     return tree.tree_id, tree.rollouts, tree.expansion_budget
 
 
-async def test_concurrent_clients_never_overspend(service: LiveService) -> None:
+async def test_concurrent_clients_never_overspend(service: ThreadedService) -> None:
     with TraceClient(service.url) as client:
         tree_id, rollouts, expansion = one_prompt(client)
     clients = [AsyncTraceClient(service.url) for _ in range(12)]
@@ -63,7 +63,7 @@ async def test_concurrent_clients_never_overspend(service: LiveService) -> None:
             await c.aclose()
 
 
-async def test_continuations_are_capped_by_their_instruction(service: LiveService) -> None:
+async def test_continuations_are_capped_by_their_instruction(service: ThreadedService) -> None:
     with TraceClient(service.url) as client:
         tree_id, rollouts, _ = one_prompt(client, budget=2, expansion=2.0)
         response = client.expand([e for j in range(rollouts) for e in rollout(tree_id, None, 2, float(j))])
@@ -83,7 +83,8 @@ async def test_continuations_are_capped_by_their_instruction(service: LiveServic
 
 
 def test_an_unstarted_instruction_is_offered_again_after_its_lease(store_url: str) -> None:
-    service = LiveService(make_settings(store_url))
+    settings = make_settings(store_url)
+    service = ThreadedService.from_settings(settings)
     now = [time.time()]
     service.app.state.clock = lambda: now[0]  # leases run on this clock: the test moves it
     with service, TraceClient(service.url) as client:
@@ -93,7 +94,7 @@ def test_an_unstarted_instruction_is_offered_again_after_its_lease(store_url: st
         ).instructions
         assert issued
         assert client.claim_instructions("default").instructions == []  # leased to the reporting worker
-        now[0] += service.settings.lease_seconds + 1
+        now[0] += settings.lease_seconds + 1
         offered = client.claim_instructions("default").instructions
         assert {i.instruction_id for i in offered} == {i.instruction_id for i in issued}
         assert client.claim_instructions("default").instructions == []  # leased again, to us
@@ -101,7 +102,7 @@ def test_an_unstarted_instruction_is_offered_again_after_its_lease(store_url: st
         client.expand(
             [turn(tree_id, i.node_id, instruction=i.instruction_id) for i in issued for _ in range(i.count)]
         )
-        now[0] += service.settings.lease_seconds + 1
+        now[0] += settings.lease_seconds + 1
         assert client.claim_instructions("default").instructions == []
 
 
@@ -170,7 +171,7 @@ def test_a_serving_only_replica_uses_what_a_trainer_replica_publishes(redis_serv
     replica joins, it trains on the trees the serving replica completed and the serving one loads it."""
     trainer_settings = make_settings(redis_server.url)
     serving_settings = trainer_settings.model_copy(update={"trainer": False})
-    with LiveService(serving_settings) as serving, TraceClient(serving.url) as client:
+    with ThreadedService.from_settings(serving_settings) as serving, TraceClient(serving.url) as client:
         prompts = [PromptIn(prompt_id=f"p{i}", text=f"task {i % 3}") for i in range(24)]
         allocation = client.allocate(
             AllocateRequest(step=0, budget=96, min_rollouts=4, expansion=0.0, prompts=prompts)
@@ -182,7 +183,7 @@ def test_a_serving_only_replica_uses_what_a_trainer_replica_publishes(redis_serv
         assert len(client.expand(events).completed) == len(allocation.trees)
         time.sleep(5 * serving_settings.train_interval_seconds)
         assert client.predictor_info().version == 0
-        with LiveService(trainer_settings):
+        with ThreadedService.from_settings(trainer_settings):
             deadline = time.monotonic() + 30
             while client.predictor_info().version == 0 and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -286,11 +287,11 @@ async def _open_trees(engine: Any, job: str) -> list[str]:
 
 def test_nothing_is_lost_across_a_service_restart(redis_server: RedisServer) -> None:
     settings = make_settings(redis_server.url)
-    with LiveService(settings) as first, TraceClient(first.url) as client:
+    with ThreadedService.from_settings(settings) as first, TraceClient(first.url) as client:
         tree_id, rollouts, _ = one_prompt(client, budget=2, expansion=1.0)
         half = rollout(tree_id, None, 2, 1.0)
         client.expand(half)
-    with LiveService(settings) as second, TraceClient(second.url) as client:
+    with ThreadedService.from_settings(settings) as second, TraceClient(second.url) as client:
         rest = rollout(tree_id, None, 2, 0.0)
         response = client.expand([*half, *rest])
         assert response.duplicates == len(half)
@@ -309,7 +310,10 @@ def test_nothing_is_lost_across_a_service_restart(redis_server: RedisServer) -> 
 
 
 def test_redis_down_gives_clear_errors_and_recovers(redis_server: RedisServer) -> None:
-    with LiveService(make_settings(redis_server.url)) as live, TraceClient(live.url, max_retries=0) as client:
+    with (
+        ThreadedService.from_settings(make_settings(redis_server.url)) as live,
+        TraceClient(live.url, max_retries=0) as client,
+    ):
         tree_id, _, _ = one_prompt(client, budget=2)
         first = rollout(tree_id, None, 2, 1.0)
         client.expand(first)
@@ -334,7 +338,7 @@ def test_redis_down_gives_clear_errors_and_recovers(redis_server: RedisServer) -
 @pytest.mark.parametrize("store_url", ["embedded"], indirect=True)
 def test_auth_body_limit_and_request_ids(store_url: str) -> None:
     settings = make_settings(store_url, auth_tokens="s3cret,other", max_body_bytes=2048)
-    with LiveService(settings) as live:
+    with ThreadedService.from_settings(settings) as live:
         denied = httpx.get(f"{live.url}/v1/predictor", headers={"X-Request-ID": "abc-1"})
         assert denied.status_code == 401
         assert denied.json()["request_id"] == "abc-1"
@@ -351,6 +355,6 @@ def test_auth_body_limit_and_request_ids(store_url: str) -> None:
 @pytest.mark.parametrize("store_url", ["embedded"], indirect=True)
 def test_metrics_can_live_on_their_own_port(store_url: str) -> None:
     port = free_port()
-    with LiveService(make_settings(store_url, metrics_port=port)) as live:
+    with ThreadedService.from_settings(make_settings(store_url, metrics_port=port)) as live:
         assert httpx.get(f"{live.url}/metrics").status_code == 404
         assert "trace_expand_events_total" in httpx.get(f"http://127.0.0.1:{port}/metrics").text
