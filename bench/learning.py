@@ -71,7 +71,14 @@ from bench.harness import (
     run_step,
 )
 from bench.plotting import FIXED, line_colors
-from bench.protocol import add_family_arguments, chosen_families, comma_list, mean_std, protocol_line
+from bench.protocol import (
+    add_family_arguments,
+    check_sizes,
+    chosen_families,
+    comma_list,
+    mean_std,
+    protocol_line,
+)
 from trace_client import AsyncTraceClient
 from trace_client.driver import DriverConfig, FinishedTree, RolloutDriver
 from trace_client.local import RedisServer, ServiceProcess
@@ -775,11 +782,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.seeds, args.steps, args.prompts, args.pool, args.budget, args.eval_prompts = 1, 3, 64, 32, 64, 64
-    for name in ("seeds", "steps", "prompts", "pool", "budget", "eval_prompts"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.pool > args.prompts:
-        parser.error("--pool cannot exceed --prompts")
+    check_sizes(parser, args, ("seeds", "steps", "prompts", "pool", "budget", "eval_prompts"))
     args.families = chosen_families(parser, args, policy_families())
     arms = build_arms(args.budget, args.expansion)
     if args.arms is not None:

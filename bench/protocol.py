@@ -45,6 +45,16 @@ def chosen_families(
     return reported
 
 
+def check_sizes(parser: argparse.ArgumentParser, args: argparse.Namespace, names: Sequence[str]) -> None:
+    """Errors through `parser` unless every option in `names` is at least 1 and `--pool` (the prompts
+    offered each step) is at most `--prompts` (the tasks it is drawn from)."""
+    for name in names:
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.pool > args.prompts:
+        parser.error("--pool cannot exceed --prompts")
+
+
 def protocol_line(args: argparse.Namespace, families: Sequence[str]) -> str:
     """What the report covers, said in the output."""
     if args.tune_on:

@@ -51,7 +51,14 @@ from bench.harness import (
 )
 from bench.learned import LearnedEstimator
 from bench.plotting import FIXED, line_colors
-from bench.protocol import add_family_arguments, chosen_families, comma_list, mean_std, protocol_line
+from bench.protocol import (
+    add_family_arguments,
+    check_sizes,
+    chosen_families,
+    comma_list,
+    mean_std,
+    protocol_line,
+)
 from trace_client.sim import FAMILIES, make_workload
 
 ESTIMATORS: dict[str, Callable[[], Estimator]] = {
@@ -118,11 +125,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-learning", action="store_true", help="keep prompt success rates fixed")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the PNGs")
     args = parser.parse_args(argv)
-    for name in ("seeds", "steps", "pool", "group_size"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.pool > args.prompts:
-        parser.error("--pool cannot exceed --prompts")
+    check_sizes(parser, args, ("seeds", "steps", "pool", "group_size"))
     if not 0 <= args.warm_up < args.steps:
         parser.error("--warm-up must leave at least one counted step")
     args.families = chosen_families(parser, args, list(FAMILIES))

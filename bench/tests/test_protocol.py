@@ -6,7 +6,14 @@ import argparse
 
 import pytest
 
-from bench.protocol import add_family_arguments, chosen_families, comma_list, mean_std, protocol_line
+from bench.protocol import (
+    add_family_arguments,
+    check_sizes,
+    chosen_families,
+    comma_list,
+    mean_std,
+    protocol_line,
+)
 
 KNOWN = ["react", "math", "multihop", "toolcall"]
 
@@ -50,3 +57,14 @@ def test_a_comma_list_drops_blanks_and_keeps_its_order() -> None:
 def test_mean_std_is_the_sample_deviation_and_zero_for_one_value() -> None:
     assert mean_std([1.0, 2.0, 6.0]) == (pytest.approx(3.0), pytest.approx(7.0**0.5))  # Σ(x − 3)² / 2 = 7
     assert mean_std([0.25]) == (0.25, 0.0)
+
+
+@pytest.mark.parametrize(("seeds", "pool", "prompts"), [(0, 2, 4), (1, 0, 4), (1, 5, 4)])
+def test_sizes_below_one_or_a_pool_over_the_prompts_are_errors(seeds: int, pool: int, prompts: int) -> None:
+    args = argparse.Namespace(seeds=seeds, pool=pool, prompts=prompts)
+    with pytest.raises(SystemExit):
+        check_sizes(argparse.ArgumentParser(), args, ("seeds", "pool"))
+
+
+def test_a_pool_of_every_prompt_is_allowed() -> None:
+    check_sizes(argparse.ArgumentParser(), argparse.Namespace(seeds=1, pool=4, prompts=4), ("seeds", "pool"))
