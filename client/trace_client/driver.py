@@ -588,17 +588,13 @@ class _Outbox:
         tree.turns[node_id] = turn
         self._send(
             tree,
-            ExpandEvent(
-                event_id=f"{tree.tree_id}:{node_id}",
-                tree_id=tree.tree_id,
-                node_id=node_id,
-                parent_id=parent_id,
-                text=turn.text,
-                features=None if turn.features is None else [float(x) for x in turn.features],
-                done=turn.done,
-                reward=turn.reward,
-                instruction_id=instruction_id,
-            ),
+            node_id,
+            parent_id,
+            instruction_id,
+            text=turn.text,
+            features=None if turn.features is None else [float(x) for x in turn.features],
+            done=turn.done,
+            reward=turn.reward,
         )
         return node_id
 
@@ -610,16 +606,12 @@ class _Outbox:
         tree.failures[node_id] = message
         self._send(
             tree,
-            ExpandEvent(
-                event_id=f"{tree.tree_id}:{node_id}",
-                tree_id=tree.tree_id,
-                node_id=node_id,
-                parent_id=parent_id,
-                text=f"[rollout failed] {message}",
-                done=True,
-                reward=reward,
-                instruction_id=instruction_id,
-            ),
+            node_id,
+            parent_id,
+            instruction_id,
+            text=f"[rollout failed] {message}",
+            done=True,
+            reward=reward,
         )
 
     def answered(self, event: ExpandEvent) -> asyncio.Task[object] | None:
@@ -633,7 +625,30 @@ class _Outbox:
         tree.nodes_made += 1
         return f"{self._nonce}-{tree.nodes_made}"
 
-    def _send(self, tree: _Tree, event: ExpandEvent) -> None:
+    def _send(
+        self,
+        tree: _Tree,
+        node_id: str,
+        parent_id: str | None,
+        instruction_id: str | None,
+        *,
+        text: str | None,
+        done: bool,
+        reward: float | None,
+        features: list[float] | None = None,
+    ) -> None:
+        """Queue the node's event; its id is the tree's and the node's, so a resend is a duplicate."""
+        event = ExpandEvent(
+            event_id=f"{tree.tree_id}:{node_id}",
+            tree_id=tree.tree_id,
+            node_id=node_id,
+            parent_id=parent_id,
+            text=text,
+            features=features,
+            done=done,
+            reward=reward,
+            instruction_id=instruction_id,
+        )
         task = asyncio.current_task()
         if task is not None:
             self._owners[event.event_id] = task
