@@ -276,3 +276,25 @@ def test_inputs_of_the_wrong_shape_are_refused() -> None:
         RootInputs(n_prompts=3, budget=8, concentration=np.ones(4))
     with pytest.raises(ValueError, match="blocked must have the outcome's shape"):
         PrefixInputs(budget=2, outcome=np.zeros(3), blocked=np.zeros(2, dtype=bool))
+    with pytest.raises(ValueError, match="cost must have the outcome's shape"):
+        PrefixInputs(budget=2, outcome=np.zeros(3), blocked=np.zeros(3, dtype=bool), cost=np.ones(2))
+
+
+@pytest.mark.parametrize("rule", PREFIX_RULES, ids=lambda rule: rule.name)
+def test_only_trace_stage2_prices_continuations_in_turns(rule: PrefixRule) -> None:
+    inputs = PrefixInputs(
+        budget=12,
+        outcome=np.array([1.0, 0.0, 1.0]),
+        blocked=np.zeros(3, dtype=bool),
+        predicted=np.array([0.4, 0.5, 0.9]),
+        bare_successes=2,
+        bare_trials=3,
+        rng=np.random.default_rng(0),
+        cost=np.array([6.0, 3.0, 1.5]),
+    )
+    if rule is POLICIES[Policy.TRACE].prefixes:
+        placement = rule.place(inputs)
+        assert 12 - 1.5 < float(inputs.cost @ placement.counts) <= 12  # type: ignore[operator]
+    else:
+        with pytest.raises(ValueError, match="takes no cost"):
+            rule.place(inputs)

@@ -102,7 +102,12 @@ class RootInputs:
 class PrefixInputs:
     """What a Stage 2 rule may read about one round of one tree: the candidate prefixes' observed
     outcomes and blocked mask (``trace_service.tree.prefix_candidates``), the round's share ``budget``,
-    and ``fallback`` (spread what TRACE's greedy cannot place, or return it)."""
+    and ``fallback`` (spread what TRACE's greedy cannot place, or return it).
+
+    ``cost``, when given, is the expected turns of one continuation from each candidate, and ``budget``
+    is then in turns: TRACE's rule takes continuations by value per turn (``stage2``); the other rules
+    price every continuation alike and refuse it.
+    """
 
     budget: int
     outcome: FloatArray
@@ -112,10 +117,11 @@ class PrefixInputs:
     bare_successes: int | None = None
     bare_trials: int | None = None
     rng: np.random.Generator | None = None
+    cost: FloatArray | None = None
 
     def __post_init__(self) -> None:
         shape = np.shape(self.outcome)
-        for name in ("blocked", "predicted"):
+        for name in ("blocked", "predicted", "cost"):
             value = getattr(self, name)
             if value is not None and np.shape(value) != shape:
                 raise ValueError(f"{name} must have the outcome's shape {shape}, got {np.shape(value)}")
@@ -232,25 +238,34 @@ def _knapsack_roots(inputs: RootInputs) -> IntArray:
 
 
 def _trace_prefixes(inputs: PrefixInputs) -> PrefixPlacement:
-    """TRACE Stage 2: the greedy on ``Σ_c 1 − q_c^K_c`` over the unblocked candidates (``stage2``)."""
+    """TRACE Stage 2: the greedy on ``Σ_c 1 − q_c^K_c`` over the unblocked candidates (``stage2``), by
+    value per turn when ``cost`` prices the candidates in turns."""
     expansion = expand_prefixes(
         _given(inputs.predicted, Need.PREFIX_PREDICTIONS, "trace"),
         inputs.outcome,
         inputs.budget,
         blocked=inputs.blocked,
         fallback=inputs.fallback,
+        cost=inputs.cost,
     )
     return PrefixPlacement(expansion.counts, expansion.fallback_units)
 
 
+def _check_priced_per_continuation(inputs: PrefixInputs, rule: str) -> None:
+    if inputs.cost is not None:
+        raise ValueError(f"the {rule} rule prices every continuation alike; it takes no cost")
+
+
 def _random_prefixes(inputs: PrefixInputs) -> PrefixPlacement:
     """TreePO: each continuation at a uniformly random candidate (a multinomial draw)."""
+    _check_priced_per_continuation(inputs, "random")
     rng = _given(inputs.rng, Need.RNG, "random")
     return PrefixPlacement(random_branching(inputs.n_candidates, inputs.budget, rng))
 
 
 def _even_prefixes(inputs: PrefixInputs) -> PrefixPlacement:
     """Uniform Stage 2: the share dealt round-robin over the candidates, earlier ones first."""
+    _check_priced_per_continuation(inputs, "even")
     return PrefixPlacement(spread_evenly(np.ones(inputs.n_candidates, dtype=bool), inputs.budget))
 
 
