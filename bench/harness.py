@@ -141,6 +141,29 @@ def oracle_estimator(queries: Sequence[Query]) -> FloatArray:
     return np.fromiter((query.state.p for query in queries), dtype=np.float64, count=len(queries))
 
 
+class TruthAt:
+    """Ṽ from the simulator's truth at the roots (``roots=True``) or at the prefixes (``roots=False``)
+    and from ``estimator`` everywhere else: which stage's predictions the gap to the oracle comes from.
+
+    The wrapped estimator still answers every query and learns from every tree (``observe``), so it
+    trains exactly as it would alone; only the values at the other stage are replaced.
+    """
+
+    def __init__(self, estimator: Estimator, *, roots: bool) -> None:
+        self.estimator = estimator
+        self.roots = roots
+
+    def __call__(self, queries: Sequence[Query]) -> FloatArray:
+        estimated = _estimate(self.estimator, queries)
+        at_root = np.fromiter((query.state.turns == 0 for query in queries), dtype=bool, count=len(queries))
+        return np.where(at_root == self.roots, oracle_estimator(queries), estimated)
+
+    def observe(self, trees: Sequence[FinishedTree]) -> None:
+        observe = getattr(self.estimator, "observe", None)
+        if observe is not None:
+            observe(trees)
+
+
 class BudgetUnit(StrEnum):
     rollouts = "rollouts"
     turns = "turns"
@@ -170,6 +193,9 @@ class Strategy:
     estimator: Estimator = posterior_estimator
     branches: bool = True
     belief: RootBelief = RootBelief.point
+    # Counting turns, Stage 2 takes continuations by value per expected turn (`PrefixInputs.cost`)
+    # instead of pricing each at the mean cost of the tree's candidates.
+    prices_turns: bool = False
 
     @property
     def rules(self) -> PolicyRules:
@@ -199,9 +225,13 @@ def default_strategies(
         Strategy("trace", Policy.TRACE, make_estimator()),
         Strategy("trace_beta", Policy.TRACE, make_estimator(), belief=RootBelief.beta),
         Strategy("trace_thompson", Policy.TRACE, make_estimator(), belief=RootBelief.thompson),
+        Strategy("trace_per_turn", Policy.TRACE, make_estimator(), prices_turns=True),
         Strategy("trace_paper", Policy.TRACE_PAPER, make_estimator()),
+        Strategy("trace_true_roots", Policy.TRACE, TruthAt(make_estimator(), roots=True)),
+        Strategy("trace_true_prefixes", Policy.TRACE, TruthAt(make_estimator(), roots=False)),
         Strategy("oracle", Policy.TRACE, oracle_estimator),
         Strategy("oracle_paper", Policy.TRACE_PAPER, oracle_estimator),
+        Strategy("oracle_per_turn", Policy.TRACE, oracle_estimator, prices_turns=True),
     ]
 
 
@@ -714,13 +744,17 @@ def _plan_round(
     for tree, candidate in enumerate(candidates):
         if not started[tree] or candidate.nodes.size == 0 or budgets[tree] <= 0:
             continue
-        units = budgets[tree]
+        units, cost = budgets[tree], None
         if ledger.turn_budget is not None:
             costs = [workload.expected_remaining_turns(forest.states[node]) for node in candidate.nodes]
-            units = math.floor(units / float(np.mean(costs)))
+            if strategy.prices_turns:
+                cost = np.array(costs, dtype=np.float64)
+            else:
+                units = math.floor(units / float(np.mean(costs)))
         placement = strategy.rules.prefixes.place(
             PrefixInputs(
                 budget=units,
+                cost=cost,
                 outcome=candidate.outcome,
                 blocked=candidate.blocked,
                 predicted=estimates[tree],

@@ -68,6 +68,8 @@ ESTIMATORS: dict[str, Callable[[], Estimator]] = {
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 #: Calibration at the extremes: mean prediction where the true success is below this or above 1 − it.
 CALIBRATION_EXTREME = 0.02
+#: Width of the strategy column: the longest strategy name.
+NAME_WIDTH = max(len(strategy.name) for strategy in default_strategies())
 RELIABILITY_BINS = 10
 
 #: Per family, per strategy, per seed: the counted steps.
@@ -218,7 +220,7 @@ def print_table(
         ("turns", "turns", 0),
         ("skipped", "skipped", 1),
     ]
-    header = f"{'strategy':<13} {'effective ratio':>16} {'mixed':>13}" + "".join(
+    header = f"{'strategy':<{NAME_WIDTH}} {'effective ratio':>16} {'mixed':>13}" + "".join(
         f" {title:>11}" for title, _, _ in columns
     )
     print(header + f" {'of oracle':>10}")
@@ -234,7 +236,8 @@ def print_table(
         )
         share = sum(r.mixed for seed in per_seed for r in seed) / oracle_mixed if oracle_mixed else None
         print(
-            f"{name:<13} {ratio:>8.3f} ± {ratio_spread:<5.3f} {mixed:>6.1f} ± {mixed_spread:<4.1f}{cells}"
+            f"{name:<{NAME_WIDTH}} {ratio:>8.3f} ± {ratio_spread:<5.3f}"
+            f" {mixed:>6.1f} ± {mixed_spread:<4.1f}{cells}"
             f" {'—' if share is None else f'{share:.1%}':>10}"
         )
     if "trace" in results and "uniform" in results:
@@ -247,7 +250,7 @@ def print_regret(family: str, results: dict[str, list[list[StepResult]]]) -> Non
     oracle_flips = flips_per_continuation([r for seed in results.get("oracle", []) for r in seed])
     print(f"Regret decomposition ({family}; stage-1 value and bare on extremes: mean ± std over seeds):")
     header = (
-        f"{'strategy':<13} {'stage-1 value':>15} {'bare on extremes':>17} {'flips/cont.':>12}"
+        f"{'strategy':<{NAME_WIDTH}} {'stage-1 value':>15} {'bare on extremes':>17} {'flips/cont.':>12}"
         f" {'of oracle':>10} {f'Ṽ at true p<{CALIBRATION_EXTREME:g} (n)':>22}"
         f" {f'Ṽ at true p>{1 - CALIBRATION_EXTREME:g} (n)':>22}"
     )
@@ -267,7 +270,8 @@ def print_regret(family: str, results: dict[str, list[list[StepResult]]]) -> Non
             for mean, count in (low, high)
         ]
         print(
-            f"{name:<13} {value:>7.3f} ± {value_spread:<5.3f} {extreme:>9.1%} ± {extreme_spread:<5.1%}"
+            f"{name:<{NAME_WIDTH}} {value:>7.3f} ± {value_spread:<5.3f}"
+            f" {extreme:>9.1%} ± {extreme_spread:<5.1%}"
             f" {flips_cell:>12} {of_oracle:>10} {calibration[0]:>22} {calibration[1]:>22}"
         )
 
@@ -405,7 +409,8 @@ def main(argv: list[str] | None = None) -> None:
                 ratio = statistics.fmean(r.effective_ratio for r in per_step)
                 print(
                     f"[{time.perf_counter() - started:6.1f}s] {family} seed {seed + 1}/{args.seeds} "
-                    f"{strategy.name:<13} effective ratio {ratio:.3f} ({time.perf_counter() - began:.1f}s)",
+                    f"{strategy.name:<{NAME_WIDTH}} effective ratio {ratio:.3f}"
+                    f" ({time.perf_counter() - began:.1f}s)",
                     file=sys.stderr,
                 )
         results[family] = family_results

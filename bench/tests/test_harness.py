@@ -10,10 +10,12 @@ import pytest
 
 from bench.harness import (
     BudgetUnit,
+    FinishedTree,
     PromptRecord,
     Query,
     StepConfig,
     Strategy,
+    TruthAt,
     default_strategies,
     mean_rollout_turns,
     oracle_estimator,
@@ -185,6 +187,43 @@ def test_posterior_and_oracle_estimators(successes: int, trials: int) -> None:
     (estimate,) = posterior_estimator([Query(prompt, state, successes, trials)])
     assert estimate == pytest.approx((1 + successes) / (2 + trials))
     assert oracle_estimator([Query(prompt, state, successes, trials)])[0] == 0.3
+
+
+class _Recording:
+    """An estimator that answers 0.5 everywhere and records the trees it is shown."""
+
+    def __init__(self) -> None:
+        self.shown: list[FinishedTree] = []
+
+    def __call__(self, queries: Sequence[Query]) -> np.ndarray:
+        return np.full(len(queries), 0.5)
+
+    def observe(self, trees: Sequence[FinishedTree]) -> None:
+        self.shown.extend(trees)
+
+
+@pytest.mark.parametrize("roots", [True, False])
+def test_truth_at_one_stage_and_the_estimator_at_the_other(roots: bool) -> None:
+    prompt = Prompt("any", "text")
+    root = RolloutState("any", p=0.9)
+    workload, pool = fresh_pool()
+    state = workload.start(pool[0].prompt_id)
+    prefix = workload.run([state], np.random.default_rng(0))[0][0]
+    assert prefix.turns == 1
+    estimator = TruthAt(_Recording(), roots=roots)
+    values = estimator([Query(prompt, root, 0, 0), Query(pool[0], prefix, 0, 0)])
+    true_root, true_prefix = 0.9, prefix.p
+    assert values.tolist() == ([true_root, 0.5] if roots else [0.5, true_prefix])
+
+
+def test_truth_at_still_trains_the_estimator_on_every_tree() -> None:
+    recording = _Recording()
+    strategy = Strategy("trace_true_roots", Policy.TRACE, TruthAt(recording, roots=True))
+    workload, pool = fresh_pool()
+    result = run_step(
+        workload, strategy, pool, {}, StepConfig(bare_rollouts=BARE, expansion=1.0), np.random.default_rng(1)
+    )
+    assert len(recording.shown) == result.active > 0
 
 
 @pytest.mark.parametrize(
