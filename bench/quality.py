@@ -60,10 +60,13 @@ from bench.protocol import (
     protocol_line,
 )
 from trace_client.sim import FAMILIES, make_workload
+from trace_service.predictor import PredictorConfig
 
-ESTIMATORS: dict[str, Callable[[], Estimator]] = {
-    "posterior": lambda: posterior_estimator,
-    "learned": LearnedEstimator,
+#: Each estimator for one run seed. The learned predictor's own seed (its initial weights, minibatches
+#: and dropout) follows the run's, so the spread over seeds includes the predictor's.
+ESTIMATORS: dict[str, Callable[[int], Estimator]] = {
+    "posterior": lambda _seed: posterior_estimator,
+    "learned": lambda seed: LearnedEstimator(PredictorConfig(device="cpu", seed=seed)),
 }
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 #: Calibration at the extremes: mean prediction where the true success is below this or above 1 − it.
@@ -134,9 +137,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def select_strategies(args: argparse.Namespace) -> list[Strategy]:
-    """The strategies to run, each with a fresh estimator (call once per seed)."""
-    strategies = default_strategies(ESTIMATORS[args.estimator])
+def select_strategies(args: argparse.Namespace, seed: int) -> list[Strategy]:
+    """The strategies to run on `seed`, each with a fresh estimator (call once per seed)."""
+    strategies = default_strategies(functools.partial(ESTIMATORS[args.estimator], seed))
     if args.strategies is None:
         return strategies
     wanted = comma_list(args.strategies)
@@ -394,7 +397,7 @@ def main(argv: list[str] | None = None) -> None:
         config = step_config.counted_in(BudgetUnit(args.budget_unit), mean_rollout_turns(make(0)))
         family_results: dict[str, list[list[StepResult]]] = {}
         for seed in range(args.seeds):
-            for strategy in select_strategies(args):
+            for strategy in select_strategies(args, seed):
                 began = time.perf_counter()
                 per_step = run_strategy(
                     make,
