@@ -98,12 +98,7 @@ def expand_prefixes(
     if cost is not None:
         return _expand_in_turns(q, _costs(cost, q.shape), budget, is_blocked, fallback, min_gain)
 
-    # gains[c, k] = q_c^k (1 − q_c): the value of the (k+1)-th continuation from candidate c; columns
-    # stop where no candidate's gain can still exceed min_gain, which bounds the matrix.
-    columns = min(budget, _useful_continuations(q, min_gain))
-    gains = _geometric_powers(q, 0, np.empty((q.size, columns))) * (1.0 - q)[:, None]
-    gains[is_blocked] = 0.0
-    gains[gains <= min_gain] = 0.0
+    gains = _unit_gains(q, is_blocked, min_gain, most=budget)
     chosen = _top_units(gains, budget)
     counts = chosen.sum(axis=1).astype(np.int64)
 
@@ -127,11 +122,9 @@ def _expand_in_turns(
     """The greedy by gain per turn (module docstring) for repeat probabilities ``q`` and ``cost`` turns per
     continuation, within ``budget`` turns; ``unspent`` is in turns.  The fallback deals whole
     continuations round-robin over the unblocked candidates while they still fit."""
-    # A candidate can hold at most ⌊budget / cost⌋ units; more columns can only hold zeros.
-    columns = min(int(budget // float(cost.min())) if cost.size else 0, _useful_continuations(q, min_gain))
-    gains = _geometric_powers(q, 0, np.empty((q.size, columns))) * (1.0 - q)[:, None]
-    gains[blocked] = 0.0
-    gains[gains <= min_gain] = 0.0
+    # A candidate can hold at most ⌊budget / cost⌋ units.
+    gains = _unit_gains(q, blocked, min_gain, most=int(budget // float(cost.min())) if cost.size else 0)
+    columns = gains.shape[1]
     # Units by gain per turn, best first; a stable sort keeps each row's units in order on ties.
     per_turn = gains / cost[:, None]
     order = np.argsort(-per_turn, axis=None, kind="stable")
@@ -158,6 +151,17 @@ def _expand_in_turns(
                     left -= cost[slot]
     expected_flips = float(prefix_value(q[~blocked], counts[~blocked]).sum())
     return PrefixExpansion(counts, expected_flips, int(counts.sum()) - placed, math.floor(left))
+
+
+def _unit_gains(q: FloatArray, blocked: npt.NDArray[np.bool_], min_gain: float, *, most: int) -> FloatArray:
+    """``gains[c, k] = q_c^k (1 − q_c)``, the value of the (k+1)-th continuation from candidate c, zero
+    where c is blocked or the gain is at most ``min_gain``.  At most ``most`` columns, and none past
+    where no candidate's gain can still exceed ``min_gain``, which bounds the matrix."""
+    columns = min(most, _useful_continuations(q, min_gain))
+    gains = _geometric_powers(q, 0, np.empty((q.size, columns))) * (1.0 - q)[:, None]
+    gains[blocked] = 0.0
+    gains[gains <= min_gain] = 0.0
+    return gains
 
 
 def _costs(cost: npt.ArrayLike, shape: tuple[int, ...]) -> FloatArray:
