@@ -211,7 +211,8 @@ def default_strategies(
 
     The baselines whose Stage 2 is an even spread run flat (GRPO-style groups of n at R rollouts);
     TRACE root-only (random Stage 2) and prefix-only (uniform Stage 1) branch, so each ablation spends
-    the same budget as full TRACE.
+    the same budget as full TRACE. `trace_flat` and `oracle_flat` are TRACE's Stage 1 with all of R on
+    bare rollouts (expansion 0): what branching is worth against fresh rollouts.
     """
     return [
         Strategy("uniform", Policy.UNIFORM, branches=False),
@@ -227,10 +228,12 @@ def default_strategies(
         Strategy("trace_thompson", Policy.TRACE, make_estimator(), belief=RootBelief.thompson),
         Strategy("trace_per_turn", Policy.TRACE, make_estimator(), prices_turns=True),
         Strategy("trace_paper", Policy.TRACE_PAPER, make_estimator()),
+        Strategy("trace_flat", Policy.TRACE, make_estimator(), branches=False),
         Strategy("trace_true_roots", Policy.TRACE, TruthAt(make_estimator(), roots=True)),
         Strategy("trace_true_prefixes", Policy.TRACE, TruthAt(make_estimator(), roots=False)),
         Strategy("oracle", Policy.TRACE, oracle_estimator),
         Strategy("oracle_paper", Policy.TRACE_PAPER, oracle_estimator),
+        Strategy("oracle_flat", Policy.TRACE, oracle_estimator, branches=False),
         Strategy("oracle_per_turn", Policy.TRACE, oracle_estimator, prices_turns=True),
     ]
 
