@@ -47,6 +47,7 @@ from trace_service.allocation import (
     Need,
     PolicyRules,
     PrefixInputs,
+    Reserve,
     RootInputs,
     allocate_roots,
     dapo_keep,
@@ -228,11 +229,13 @@ def default_strategies(
         Strategy("trace_thompson", Policy.TRACE, make_estimator(), belief=RootBelief.thompson),
         Strategy("trace_per_turn", Policy.TRACE, make_estimator(), prices_turns=True),
         Strategy("trace_paper", Policy.TRACE_PAPER, make_estimator()),
+        Strategy("trace_shared", Policy.TRACE_SHARED, make_estimator()),
         Strategy("trace_flat", Policy.TRACE, make_estimator(), branches=False),
         Strategy("trace_true_roots", Policy.TRACE, TruthAt(make_estimator(), roots=True)),
         Strategy("trace_true_prefixes", Policy.TRACE, TruthAt(make_estimator(), roots=False)),
         Strategy("oracle", Policy.TRACE, oracle_estimator),
         Strategy("oracle_paper", Policy.TRACE_PAPER, oracle_estimator),
+        Strategy("oracle_shared", Policy.TRACE_SHARED, oracle_estimator),
         Strategy("oracle_flat", Policy.TRACE, oracle_estimator, branches=False),
         Strategy("oracle_per_turn", Policy.TRACE, oracle_estimator, prices_turns=True),
     ]
@@ -486,7 +489,11 @@ def run_step(
     forest = _Forest([pool[index] for index in chosen], [int(counts[index]) for index in chosen])
     _run_bare(workload, forest, ledger, rng)
     if strategy.branches:
-        _branch(workload, strategy, forest, history, config, ledger, rng)
+        # The chance, at allocation, that each tree's bare group is mixed (what a shared reserve expects).
+        mixed_chance = (
+            root_value(predicted[chosen], counts[chosen]) if predicted is not None else np.zeros(len(chosen))
+        )
+        _branch(workload, strategy, forest, history, config, ledger, rng, mixed_chance)
 
     successes, visits, mixed_forks = forest.outcomes()
     # A group the turn budget could not admit was never started: its prompt counts as skipped.
@@ -688,22 +695,26 @@ def _branch(
     config: StepConfig,
     ledger: _Ledger,
     rng: np.random.Generator,
+    mixed_chance: FloatArray,
 ) -> None:
     """Stage 2 (or random branching) over every started tree, in planning rounds; a round makes one
     batched estimator call and one plan per tree.
 
     Counting rollouts, tree i gets ⌊m_i·N⌋ continuations split over `config.rounds`, each round run as
-    one simulator batch. Counting turns, tree i's allowance is its share of the turns left (in proportion
-    to m_i); a round plans as many continuations as the allowance buys at the expected cost of the tree's
-    candidates. Planned continuations start in waves, each admitted only while its worst case (running
-    to max_turns) fits the step's turns left; a new round is planned when every planned one has run, and
-    branching ends when a round plans nothing or nothing more fits.
+    one simulator batch; a policy whose trees share their continuations (`shares_continuations`) gives
+    each tree its draw from the step's reserve instead, the trees deciding in pool order (`_draws`).
+    Counting turns, tree i's allowance is its share of the turns left (in proportion to m_i; shares
+    are not pooled); a round plans as many continuations as the allowance buys at the expected cost of
+    the tree's candidates. Planned continuations start in waves, each admitted only while its worst
+    case (running to max_turns) fits the step's turns left; a new round is planned when every planned
+    one has run, and branching ends when a round plans nothing or nothing more fits.
     """
     started = [trials > 0 for trials in forest.bare_trials]
     if ledger.turn_budget is None:
-        units = [
-            round_budgets(math.floor(planned * config.expansion), config.rounds) for planned in forest.planned
-        ]
+        shares = [math.floor(planned * config.expansion) for planned in forest.planned]
+        if strategy.rules.shares_continuations:
+            shares = _draws(forest, shares, mixed_chance)
+        units = [round_budgets(share, config.rounds) for share in shares]
         for round_index in range(config.rounds):
             budgets = [tree_units[round_index] for tree_units in units]
             planned = _plan_round(strategy, forest, history, started, budgets, workload, rng, ledger)
@@ -722,6 +733,21 @@ def _branch(
             return
         for tree, trajectory in _run_continuations(workload, forest, wave, ledger, rng):
             allowance[tree] -= len(trajectory)
+
+
+def _draws(forest: _Forest, shares: Sequence[int], mixed_chance: FloatArray) -> list[int]:
+    """Each tree's continuations from one reserve of `shares` (`Reserve`), drawn in tree order: a tree
+    takes when its bare group agrees and it has a prefix to branch from."""
+    successes, visits, _ = forest.outcomes()
+    mixed = is_mixed(successes, visits)
+    candidates = forest.candidates()
+    reserve = Reserve.of(shares, mixed_chance.tolist())
+    draws = []
+    for tree, (share, chance) in enumerate(zip(shares, mixed_chance.tolist(), strict=True)):
+        takes = forest.bare_trials[tree] > 0 and not mixed[tree] and candidates[tree].nodes.size > 0
+        drawn, reserve = reserve.draw(share, chance, takes=takes)
+        draws.append(drawn)
+    return draws
 
 
 def _plan_round(

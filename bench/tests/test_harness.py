@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
+import bench.harness as harness
 from bench.harness import (
     BudgetUnit,
     FinishedTree,
@@ -25,6 +26,7 @@ from bench.harness import (
 )
 from trace_client.sim import FAMILIES, Prompt, RolloutState, VocabularyConfig, Workload, make_workload
 from trace_proto import Policy
+from trace_service.allocation import is_mixed
 
 # Small enough for a fast file, large enough that every strategy has choices to make.
 make_react = functools.partial(
@@ -240,3 +242,20 @@ def test_truth_at_still_trains_the_estimator_on_every_tree() -> None:
 def test_step_config_rejects(arguments: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         StepConfig(**arguments)  # type: ignore[arg-type]
+
+
+def test_shared_draws_leave_mixed_trees_nothing_and_never_exceed_the_shares() -> None:
+    """`trace_shared` in the harness: a tree whose bare group is mixed draws nothing, every other tree
+    with a prefix at least its own share, and the draws never exceed the step's continuations."""
+    workload, pool = fresh_pool()
+    forest = harness._Forest(pool[:16], [2] * 16)
+    harness._run_bare(workload, forest, harness._Ledger(None), np.random.default_rng(0))
+    shares = [2] * 16
+    draws = harness._draws(forest, shares, np.full(16, 0.5))
+    successes, visits, _ = forest.outcomes()
+    mixed = is_mixed(successes, visits)
+    assert mixed.any() and not mixed.all()
+    assert sum(draws) <= sum(shares)
+    assert sum(draws) > sum(share for share, agrees in zip(shares, ~mixed, strict=True) if agrees)
+    for tree, drawn in enumerate(draws):
+        assert drawn == 0 if mixed[tree] else drawn >= shares[tree]

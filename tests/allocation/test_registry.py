@@ -195,6 +195,7 @@ def test_stage1_of_each_policy_is_its_rule_called_directly(
         Policy.TRACE: joint,
         Policy.TRACE_ROOT: joint,
         Policy.TRACE_PAPER: paper,
+        Policy.TRACE_SHARED: joint,
         Policy.TRACE_PREFIX: uniform,
         Policy.UNIFORM: uniform,
         Policy.DAPO: uniform,
@@ -245,6 +246,7 @@ def test_stage2_of_each_policy_is_its_rule_called_directly(
     expected = {
         Policy.TRACE: (greedy.counts, greedy.fallback_units),
         Policy.TRACE_PAPER: (greedy.counts, greedy.fallback_units),
+        Policy.TRACE_SHARED: (greedy.counts, greedy.fallback_units),
         Policy.TRACE_PREFIX: (greedy.counts, greedy.fallback_units),
         Policy.TRACE_ROOT: (random, 0),
         Policy.TREEPO: (random, 0),
@@ -298,3 +300,8 @@ def test_only_trace_stage2_prices_continuations_in_turns(rule: PrefixRule) -> No
     else:
         with pytest.raises(ValueError, match="takes no cost"):
             rule.place(inputs)
+
+
+def test_only_trace_shared_shares_continuations() -> None:
+    sharing = {policy for policy, rules in POLICIES.items() if rules.shares_continuations}
+    assert sharing == {Policy.TRACE_SHARED}

@@ -65,6 +65,7 @@ def test_policies_are_the_documented_set() -> None:
         "trace_root",
         "trace_prefix",
         "trace_paper",
+        "trace_shared",
     }
     for policy in Policy:
         assert f"`{policy.value}`" in (Policy.__doc__ or ""), f"policy {policy.value} is undocumented"

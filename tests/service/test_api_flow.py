@@ -10,7 +10,7 @@ from support import rollout, turn
 
 from trace_client import TraceClient
 from trace_client.local import ThreadedService
-from trace_proto import AllocateRequest, ExpandResponse, Instruction, PromptIn
+from trace_proto import AllocateRequest, ExpandResponse, Instruction, Policy, PromptIn
 
 
 def run_continuations(client: TraceClient, instructions: list[Instruction], reward: float) -> ExpandResponse:
@@ -35,7 +35,7 @@ def test_allocate_expand_complete_export(service: ThreadedService) -> None:
         )
         assert sum(t.rollouts for t in allocation.trees) == 8
         tree = allocation.trees[0]
-        bare = [e for j in range(tree.rollouts) for e in rollout(tree.tree_id, None, 3, float(j % 2))]
+        bare = [e for _ in range(tree.rollouts) for e in rollout(tree.tree_id, None, 3, 0.0)]
         random.Random(0).shuffle(bare)  # children may come before parents within one request
         response = client.expand(bare)
         assert response.accepted == len(bare)
@@ -52,6 +52,35 @@ def test_allocate_expand_complete_export(service: ThreadedService) -> None:
         stats = client.job_stats("default")
         assert stats.steps[0].trees_complete == 1
         assert stats.steps[0].continuations_spent == tree.expansion_budget
+
+
+def test_trace_shared_trees_share_their_continuations(service: ThreadedService) -> None:
+    """Under `trace_shared` a tree whose bare rollouts already disagree leaves its continuations to the
+    allocation's trees whose bare rollouts agree; nothing is spent beyond the allocation's total."""
+    with TraceClient(service.url) as client:
+        allocation = client.allocate(
+            AllocateRequest(
+                step=0,
+                budget=8,
+                expansion=1.0,
+                policy=Policy.TRACE_SHARED,
+                prompts=[PromptIn(prompt_id="p1"), PromptIn(prompt_id="p2")],
+            )
+        )
+        first, second = allocation.trees
+        total = first.expansion_budget + second.expansion_budget
+        mixed = [e for j in range(first.rollouts) for e in rollout(first.tree_id, None, 3, float(j % 2))]
+        response = client.expand(mixed)
+        assert response.instructions == []
+        assert response.completed == [first.tree_id]
+        agreeing = [e for _ in range(second.rollouts) for e in rollout(second.tree_id, None, 3, 0.0)]
+        response = client.expand(agreeing)
+        assert sum(i.count for i in response.instructions) == total
+        done = run_continuations(client, response.instructions, 1.0)
+        assert done.completed == [second.tree_id]
+        assert client.get_tree(first.tree_id).expansion_budget == 0
+        assert client.get_tree(second.tree_id).expansion_budget == total
+        assert client.job_stats("default").steps[0].continuations_spent == total
 
 
 def test_duplicates_are_acknowledged_and_conflicts_reported(service: ThreadedService) -> None:

@@ -8,6 +8,7 @@ import itertools
 from collections.abc import Sequence
 
 from trace_proto import ExpandEvent
+from trace_service.allocation import Reserve
 from trace_service.lifecycle import TRANSITIONS, EventStatus, TreeStatus
 from trace_service.store import AppliedBatch, NewTree, PromptOutcomes, TreeMeta, TreeStore
 
@@ -558,3 +559,32 @@ async def test_the_training_queue_keeps_the_newest_trees_and_weights_carry_their
     await store.publish_weights(3, b"\x00weights")
     assert await store.weights_version() == 3
     assert await store.load_weights() == (3, b"\x00weights")
+
+
+# --- the shared continuation reserve ----------------------------------------------------------------
+
+
+async def test_reserve_draws_follow_the_rule_and_are_made_once(store: TreeStore) -> None:
+    """draw_continuations.lua is Reserve.draw, and a repeated draw (a decision taken over) is the
+    first one; a second create never resets a reserve that has been drawn from."""
+    rows = [("t1", 4, 0.75, False), ("t2", 2, 0.25, True), ("t3", 6, 0.5, True), ("t4", 4, 0.5, False)]
+    reserve = Reserve.of([b for _, b, _, _ in rows], [q for _, _, q, _ in rows])
+    await store.create_reserve(JOB, "alloc", reserve)
+    for tree_id, share, chance, takes in rows:
+        expected, reserve = reserve.draw(share, chance, takes=takes)
+        drawn = await store.draw_continuations(
+            JOB, "alloc", tree_id, share=share, mixed_chance=chance, takes=takes
+        )
+        assert drawn == expected
+        again = await store.draw_continuations(
+            JOB, "alloc", tree_id, share=share, mixed_chance=chance, takes=not takes
+        )
+        assert again == drawn
+        await store.create_reserve(JOB, "alloc", Reserve.of([100], [0.0]))  # changes nothing
+    assert reserve.left == 4  # t4 left its share, and nobody came after it
+    assert await store.redis.ttl(store.keys.continuation_reserve(JOB, "alloc")) > 0
+
+
+async def test_without_a_reserve_a_tree_draws_its_own_share(store: TreeStore) -> None:
+    drawn = await store.draw_continuations(JOB, "gone", "t1", share=5, mixed_chance=0.5, takes=False)
+    assert drawn == 5

@@ -44,6 +44,10 @@ class Policy(StrEnum):
       observed outcome).
     - `trace_paper`: the paper's TRACE: Stage 1 maximises the expected mixed groups of the bare
       rollouts alone; TRACE Stage 2.
+    - `trace_shared`: `trace` whose trees share one continuation budget per allocation: a tree whose
+      bare rollouts already disagree leaves its `expansion_budget` to the trees whose bare rollouts
+      agree, which may then ask for more than their own (never more than the allocation's total).
+      More mixed groups, fewer mixed prefixes inside a tree.
     - `uniform`: uniform Stage 1 and uniform Stage 2 (the paper's uniform/uniform ablation; with
       `expansion = 0` it is plain GRPO).
     - `dapo`: DAPO-style dynamic sampling: uniform Stage 1; a tree whose bare rollouts all agree is
@@ -70,12 +74,21 @@ class Policy(StrEnum):
     TRACE_ROOT = "trace_root"
     TRACE_PREFIX = "trace_prefix"
     TRACE_PAPER = "trace_paper"
+    TRACE_SHARED = "trace_shared"
 
 
 #: The policies whose Stage 1 or Stage 2 reads the service's predictor (what a client may wait to see
 #: trained); the service's policy registry implements the rules and its tests hold it to this set.
 PREDICTOR_POLICIES = frozenset(
-    {Policy.TRACE, Policy.TRACE_PAPER, Policy.TRACE_ROOT, Policy.TRACE_PREFIX, Policy.PCL, Policy.KNAPSACK}
+    {
+        Policy.TRACE,
+        Policy.TRACE_PAPER,
+        Policy.TRACE_SHARED,
+        Policy.TRACE_ROOT,
+        Policy.TRACE_PREFIX,
+        Policy.PCL,
+        Policy.KNAPSACK,
+    }
 )
 
 
@@ -160,7 +173,9 @@ class TreeAllocation(ResponseModel):
     prompt_id: Identifier
     tree_id: Identifier = Field(description="Server-made; every event of this prompt's rollouts names it.")
     rollouts: Annotated[int, Field(ge=1)] = Field(description="`m_i`: bare rollouts to start now.")
-    expansion_budget: Count = Field(description="⌊m_i·N⌋: continuations Stage 2 may ask for.")
+    expansion_budget: Count = Field(
+        description="⌊m_i·N⌋: continuations Stage 2 may ask for (under `trace_shared`, the tree's share)."
+    )
     predicted_success: Probability = Field(description="Ṽ(x_i) when the decision was made.")
 
 

@@ -16,6 +16,7 @@ from trace_service.allocation.registry import (
     PrefixPlacement,
     RootInputs,
 )
+from trace_service.allocation.reserve import Reserve
 from trace_service.allocation.stage1 import (
     RootAllocation,
     allocate_roots,
@@ -43,6 +44,7 @@ __all__ = [
     "PrefixExpansion",
     "PrefixInputs",
     "PrefixPlacement",
+    "Reserve",
     "RootAllocation",
     "RootInputs",
     "allocate_roots",

@@ -319,11 +319,14 @@ EVEN_IF_MIXED_PREFIXES = PrefixRule("even_if_mixed", frozenset({Need.BARE_OUTCOM
 
 @dataclass(frozen=True)
 class PolicyRules:
-    """One policy: its Stage 1 rule, its Stage 2 rule, and whether its trainer keeps only mixed groups."""
+    """One policy: its Stage 1 rule, its Stage 2 rule, whether its trainer keeps only mixed groups, and
+    whether its trees share one continuation budget per allocation (``reserve``: a tree whose bare
+    rollouts already disagree leaves its share to those whose bare rollouts agree)."""
 
     roots: RootRule
     prefixes: PrefixRule
     keeps_only_mixed_groups: bool = False
+    shares_continuations: bool = False
 
     @property
     def needs(self) -> frozenset[Need]:
@@ -339,6 +342,7 @@ POLICIES: Mapping[Policy, PolicyRules] = MappingProxyType(
     {
         Policy.TRACE: PolicyRules(TRACE_ROOTS, TRACE_PREFIXES),
         Policy.TRACE_PAPER: PolicyRules(TRACE_PAPER_ROOTS, TRACE_PREFIXES),
+        Policy.TRACE_SHARED: PolicyRules(TRACE_ROOTS, TRACE_PREFIXES, shares_continuations=True),
         Policy.TRACE_ROOT: PolicyRules(TRACE_ROOTS, RANDOM_PREFIXES),
         Policy.TRACE_PREFIX: PolicyRules(UNIFORM_ROOTS, TRACE_PREFIXES),
         Policy.UNIFORM: PolicyRules(UNIFORM_ROOTS, EVEN_PREFIXES),

@@ -4,12 +4,13 @@ round's claim."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import numpy as np
 from redis.exceptions import RedisError
 
 from trace_proto import Instruction, Policy
-from trace_service.allocation import POLICIES, Need, PrefixInputs, spread_evenly
+from trace_service.allocation import POLICIES, Need, PrefixInputs, is_mixed, root_value, spread_evenly
 from trace_service.engine.common import Clock, IntArray, fresh_ids, off_loop
 from trace_service.engine.completion import Completion
 from trace_service.lifecycle import round_share
@@ -59,6 +60,10 @@ class Stage2:
             tree = tree or await self.store.load_tree(tree_id)
             if tree is None:
                 return [], False
+            budget = None
+            if round_ == 1 and POLICIES[Policy(tree.meta.policy)].shares_continuations:
+                budget = await self._draw(tree)
+                tree = replace(tree, meta=replace(tree.meta, expansion_budget=budget))
             meta = tree.meta
             try:
                 counts, node_ids, predictions, fallback, share = await self._prefix_counts(tree, round_)
@@ -88,6 +93,7 @@ class Stage2:
                 returned=returned,
                 fallback=fallback,
                 now=now,
+                expansion_budget=budget,
             )
         if not recorded:  # another replica took the decision over; its instructions stand
             await self.store.dequeue_instructions(
@@ -101,6 +107,21 @@ class Stage2:
         if completed:
             await self.completion.completed(tree_id, meta)
         return instructions, completed
+
+    async def _draw(self, tree: StoredTree) -> int:
+        """The tree's continuations from its allocation's shared reserve (``allocation.reserve``): it
+        takes when its bare rollouts agree and it has a prefix to branch from (a turn that is not a
+        leaf); else it leaves its share to the allocation's other trees."""
+        meta = tree.meta
+        takes = not is_mixed(meta.bare_successes, meta.bare_leaves) and any(not n.done for n in tree.nodes)
+        return await self.store.draw_continuations(
+            meta.job,
+            meta.allocation_id,
+            meta.tree_id,
+            share=meta.expansion_budget,
+            mixed_chance=float(root_value(meta.predicted_success, meta.rollouts)),
+            takes=takes,
+        )
 
     def _fallback_counts(self, tree: StoredTree, round_: int) -> Placement:
         """What :meth:`_prefix_counts` returns when its rule failed: the share spread evenly over the

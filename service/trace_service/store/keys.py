@@ -53,6 +53,11 @@ class KeySpace:
     def step_trees(self, job: str, step: int) -> str:
         return f"{self._job(job)}:step:{step}"
 
+    def continuation_reserve(self, job: str, allocation_id: str) -> str:
+        """An allocation's shared continuation reserve (``trace_service.allocation.reserve``): its
+        state and each tree's draw (``d:<tree_id>`` fields)."""
+        return f"{self._job(job)}:reserve:{allocation_id}"
+
     def steps_info(self, job: str) -> str:
         """Per-allocation counts (``<step>:<allocation_id>`` fields): the prompts offered, trees made and
         bare rollouts promised."""

@@ -34,6 +34,8 @@ SCRIPTS = (
     "tree_progress",
     "load_tree",
     "push_completed",
+    "create_reserve",
+    "draw_continuations",
 )
 #: Script calls in flight at once when a Cluster cannot pipeline them.
 _CLUSTER_FANOUT = 64

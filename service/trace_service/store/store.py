@@ -19,6 +19,7 @@ from redis.exceptions import DataError
 
 from trace_proto import ExpandEvent
 from trace_proto.v1.limits import MAX_TURNS_PER_HISTORY
+from trace_service.allocation import Reserve
 from trace_service.lifecycle import TreeStatus
 from trace_service.store.keys import KeySpace
 from trace_service.store.records import (
@@ -124,6 +125,36 @@ class TreeStore:
             + writes(self.keys.steps_info(job), ttl, "HSET", [step_info, counts])
             + writes(self.keys.jobs, ttl, "ZADD", [now, job])
         )
+
+    async def create_reserve(self, job: str, allocation_id: str, reserve: Reserve) -> None:
+        """Create an allocation's shared continuation reserve (once; it expires with the job's keys)."""
+        await self.scripts.run(
+            ScriptCall(
+                "create_reserve",
+                [self.keys.continuation_reserve(job, allocation_id)],
+                [
+                    reserve.left,
+                    reserve.pending,
+                    repr(reserve.expected_left),
+                    repr(reserve.expected_taken),
+                    self.job_ttl,
+                ],
+            )
+        )
+
+    async def draw_continuations(
+        self, job: str, allocation_id: str, tree_id: str, *, share: int, mixed_chance: float, takes: bool
+    ) -> int:
+        """Tree ``tree_id``'s draw from its allocation's reserve (``Reserve.draw``; the same draw on a
+        retry), or its own ``share`` when the reserve is gone."""
+        drawn = await self.scripts.run(
+            ScriptCall(
+                "draw_continuations",
+                [self.keys.continuation_reserve(job, allocation_id)],
+                [tree_id, share, repr(float(mixed_chance)), 1 if takes else 0, self.job_ttl],
+            )
+        )
+        return int(drawn)
 
     async def recall_response(self, job: str, key: str) -> tuple[str, str] | None:
         """The (request fingerprint, response) remembered under an idempotency key."""
@@ -233,11 +264,13 @@ class TreeStore:
         returned: int,
         fallback: int,
         now: float,
+        expansion_budget: int | None = None,
     ) -> CommittedDecision:
         """Offer the instructions ``(instruction_id, node_id, count)`` in the job's claim queue from
         ``offered_from`` on, then record the decision if the claim still holds.  Offered before
         recorded, so that no failure in between can strand them (an offer whose record never happened
-        is dropped when claimed)."""
+        is dropped when claimed).  ``expansion_budget`` replaces the tree's continuation budget with
+        the decision (its draw from a shared reserve)."""
         keys = self.keys.tree(tree_id)
         offer = self._offer_calls(job, tree_id, {item[0]: offered_from for item in instructions})
         commit = ScriptCall(
@@ -252,6 +285,7 @@ class TreeStore:
                 fallback,
                 now,
                 self.tree_ttl,
+                -1 if expansion_budget is None else expansion_budget,
             ],
         )
         results = await self.scripts.run_all([*offer, commit], ordered=True)

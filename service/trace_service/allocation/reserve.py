@@ -1,0 +1,88 @@
+"""One allocation's continuation budget, shared by its trees (TRACE Stage 2).
+
+Tree i of an allocation is promised ``b_i = ⌊m_i·N⌋`` continuations.  A tree whose bare rollouts already
+hold both outcomes is a mixed group whatever its continuations do, so its share is worth more to a tree
+whose bare rollouts agree.  Under a shared reserve, trees decide one at a time, in the order their bare
+rollouts finish: a tree that *takes* (its bare group agrees and it has a prefix to branch from) draws
+at least its own share, and one that does not draws nothing and leaves its share to the others.
+
+The reserve holds
+
+    L  continuations not yet drawn,            P  Σ b_j over the trees not yet decided,
+    F  Σ b_j·q_j over them,                    W  Σ b_j·(1 − q_j) over them,
+
+where ``q_j`` is the chance, at allocation, that tree j's bare group is mixed (``1 − v^m − (1 − v)^m``
+at its predicted success v): F is what the undecided trees are expected to leave, W the shares of those
+expected to take.  Every undecided tree's share stays covered (``L ≥ P``); the surplus is ``S = L − P``.
+Tree i leaves the undecided set (P, F and W lose its terms) and draws
+
+    d_i = 0                                                    if it does not take,
+    d_i = b_i + min(S, ⌊(S + F)·b_i / (b_i + W)⌋)              if it takes,
+
+its share of the surplus available now and expected later, in proportion to its own share among the
+takers still to come, but never more than is free now.  So the reserve is never over-drawn, every
+taker gets at least ``b_i``, and the last tree, if it takes, draws all that is left.  With foresight
+(``q`` = 1 for the trees that will not take, 0 for those that will) the draws are the proportional deal
+of the leavers' shares over the takers, up to rounding.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from trace_service.allocation._validate import non_negative_int
+
+
+@dataclass(frozen=True, slots=True)
+class Reserve:
+    """The shared state above: ``left`` (L), ``pending`` (P), ``expected_left`` (F), ``expected_taken``
+    (W)."""
+
+    left: int
+    pending: int
+    expected_left: float
+    expected_taken: float
+
+    @classmethod
+    def of(cls, shares: Sequence[int], mixed_chances: Sequence[float]) -> Reserve:
+        """The reserve of an allocation whose trees have these shares ``b`` and chances ``q``."""
+        if len(shares) != len(mixed_chances):
+            raise ValueError(f"{len(shares)} shares but {len(mixed_chances)} mixed chances")
+        for share in shares:
+            non_negative_int(share, "share")
+        chances = [_chance(q) for q in mixed_chances]
+        total = sum(shares)
+        return cls(
+            left=total,
+            pending=total,
+            expected_left=sum(b * q for b, q in zip(shares, chances, strict=True)),
+            expected_taken=sum(b * (1.0 - q) for b, q in zip(shares, chances, strict=True)),
+        )
+
+    def draw(self, share: int, mixed_chance: float, *, takes: bool) -> tuple[int, Reserve]:
+        """The continuations a tree with share ``b``, chance ``q`` draws (the module's rule), and the
+        reserve after it."""
+        non_negative_int(share, "share")
+        q = _chance(mixed_chance)
+        if share > self.pending:
+            raise ValueError(f"a share of {share} is more than the {self.pending} still pending")
+        surplus = self.left - self.pending
+        pending = self.pending - share
+        expected_left = expected_taken = 0.0
+        if pending:  # (with nothing pending, nothing is expected: no rounding drift survives the last tree)
+            expected_left = max(self.expected_left - share * q, 0.0)
+            expected_taken = max(self.expected_taken - share * (1.0 - q), 0.0)
+        drawn = 0
+        if takes:
+            weight = share + expected_taken
+            fair = math.floor((surplus + expected_left) * share / weight) if weight > 0 else surplus
+            drawn = share + min(surplus, fair)
+        return drawn, Reserve(self.left - drawn, pending, expected_left, expected_taken)
+
+
+def _chance(value: float) -> float:
+    if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+        raise ValueError(f"a mixed chance must lie in [0, 1], got {value}")
+    return float(value)
