@@ -20,7 +20,7 @@ from support import rollout
 
 from trace_client import TraceClient, TraceUnavailable
 from trace_client.local import RedisServer, ThreadedService
-from trace_proto import AllocateRequest, ExpandEvent, Instruction, PromptIn, TreeAllocation
+from trace_proto import AllocateRequest, ExpandEvent, Instruction, Policy, PromptIn, TreeAllocation
 from trace_service.store import TreeStore, connect
 
 T = TypeVar("T")
@@ -192,3 +192,29 @@ async def test_every_key_gets_its_expiry_in_the_write_that_creates_it(
         assert min(ttls) > 0
     finally:
         await store.aclose()
+
+
+@pytest.mark.parametrize("method", ["draw_continuations", "commit_decision"])
+def test_a_shared_draw_interrupted_is_drawn_once(
+    replica: ThreadedService, job: str, monkeypatch: pytest.MonkeyPatch, method: str
+) -> None:
+    """Under `trace_shared` the tree whose bare rollouts agree draws its own share and the one the
+    mixed tree left; the decision fails (before or after the draw is recorded) and is taken over: the
+    draw is the same, so the allocation's total is offered once, never twice."""
+    with TraceClient(replica.url, max_retries=0) as client:
+        request = AllocateRequest(
+            job=job,
+            step=0,
+            budget=4,
+            expansion=1.0,
+            policy=Policy.TRACE_SHARED,
+            prompts=[PromptIn(prompt_id="p1"), PromptIn(prompt_id="p2")],
+        )
+        donor, taker = client.allocate(request).trees
+        assert client.expand(bare_rollouts(donor)).completed == [donor.tree_id]
+        fail_once(monkeypatch, store_of(replica), method)
+        agreeing = [e for _ in range(taker.rollouts) for e in rollout(taker.tree_id, None, 2, 0.0)]
+        with pytest.raises(TraceUnavailable):
+            client.expand(agreeing)
+        instructions = client.expand(agreeing).instructions or offered(client, job)
+        assert sum(i.count for i in instructions) == donor.expansion_budget + taker.expansion_budget

@@ -42,7 +42,7 @@ class Allocation:
         with self.metrics.allocate_duration.labels(request.policy.value).time():
             response, trees = await self._decide_roots(request)
         now = self.clock()
-        if POLICIES[request.policy].shares_continuations and trees:
+        if POLICIES[request.policy].shares_continuations and any(t.expansion_budget for t in trees):
             # Before the trees: none of them can decide Stage 2 before the reserve exists.
             reserve = Reserve.of(
                 [tree.expansion_budget for tree in trees],
