@@ -23,19 +23,18 @@ def run_continuations(client: TraceClient, instructions: list[Instruction], rewa
     return client.expand(events)
 
 
+def two_prompts(policy: Policy = Policy.TRACE) -> AllocateRequest:
+    """Eight bare rollouts, one continuation each, over two prompts."""
+    prompts = [PromptIn(prompt_id="p1", text="prove it"), PromptIn(prompt_id="p2")]
+    return AllocateRequest(step=0, budget=8, expansion=1.0, policy=policy, prompts=prompts)
+
+
 def test_allocate_expand_complete_export(service: ThreadedService) -> None:
     with TraceClient(service.url) as client:
-        allocation = client.allocate(
-            AllocateRequest(
-                step=0,
-                budget=8,
-                expansion=1.0,
-                prompts=[PromptIn(prompt_id="p1", text="prove it"), PromptIn(prompt_id="p2")],
-            )
-        )
+        allocation = client.allocate(two_prompts())
         assert sum(t.rollouts for t in allocation.trees) == 8
         tree = allocation.trees[0]
-        bare = [e for _ in range(tree.rollouts) for e in rollout(tree.tree_id, None, 3, 0.0)]
+        bare = [e for j in range(tree.rollouts) for e in rollout(tree.tree_id, None, 3, float(j % 2))]
         random.Random(0).shuffle(bare)  # children may come before parents within one request
         response = client.expand(bare)
         assert response.accepted == len(bare)
@@ -58,16 +57,7 @@ def test_trace_shared_trees_share_their_continuations(service: ThreadedService) 
     """Under `trace_shared` a tree whose bare rollouts already disagree leaves its continuations to the
     allocation's trees whose bare rollouts agree; nothing is spent beyond the allocation's total."""
     with TraceClient(service.url) as client:
-        allocation = client.allocate(
-            AllocateRequest(
-                step=0,
-                budget=8,
-                expansion=1.0,
-                policy=Policy.TRACE_SHARED,
-                prompts=[PromptIn(prompt_id="p1"), PromptIn(prompt_id="p2")],
-            )
-        )
-        first, second = allocation.trees
+        first, second = client.allocate(two_prompts(Policy.TRACE_SHARED)).trees
         total = first.expansion_budget + second.expansion_budget
         mixed = [e for j in range(first.rollouts) for e in rollout(first.tree_id, None, 3, float(j % 2))]
         response = client.expand(mixed)
