@@ -139,3 +139,22 @@ def test_a_worker_that_lost_the_answer_gets_its_instructions_again(service: Thre
         client.expand([turn(tree.tree_id, started.node_id, instruction=started.instruction_id)])
         counts = {i.instruction_id: i.count for i in client.expand(bare).instructions}
         assert counts[started.instruction_id] == started.count - 1  # only what is still unstarted
+
+
+def test_a_shared_draw_is_spent_over_the_rounds(service: ThreadedService) -> None:
+    """With `rounds = 2` the agreeing tree's draw (its share and the mixed tree's) is split over its
+    two rounds, the second deciding on the first's outcomes."""
+    with TraceClient(service.url) as client:
+        request = two_prompts(Policy.TRACE_SHARED).model_copy(update={"rounds": 2})
+        first, second = client.allocate(request).trees
+        total = first.expansion_budget + second.expansion_budget
+        client.expand(
+            [e for j in range(first.rollouts) for e in rollout(first.tree_id, None, 3, float(j % 2))]
+        )
+        agreeing = [e for _ in range(second.rollouts) for e in rollout(second.tree_id, None, 3, 0.0)]
+        round_one = client.expand(agreeing).instructions
+        spent = sum(i.count for i in round_one)
+        assert 0 < spent < total
+        round_two = run_continuations(client, round_one, 0.0).instructions
+        assert spent + sum(i.count for i in round_two) == total
+        assert run_continuations(client, round_two, 1.0).completed == [second.tree_id]
