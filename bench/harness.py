@@ -744,8 +744,8 @@ def _draws(forest: _Forest, shares: Sequence[int], mixed_chance: FloatArray) -> 
     reserve = Reserve.of(shares, mixed_chance.tolist())
     draws = []
     for tree, (share, chance) in enumerate(zip(shares, mixed_chance.tolist(), strict=True)):
-        takes = forest.bare_trials[tree] > 0 and not mixed[tree] and candidates[tree].nodes.size > 0
-        drawn, reserve = reserve.draw(share, chance, takes=takes)
+        can_branch = forest.bare_trials[tree] > 0 and not candidates[tree].blocked.all()
+        drawn, reserve = reserve.draw(share, chance, agrees=not mixed[tree], can_branch=can_branch)
         draws.append(drawn)
     return draws
 

@@ -1,6 +1,6 @@
 """The shared continuation reserve (trace_service.allocation.reserve): never over-drawn, every taker
-gets its own share, nothing is left when the last tree takes, and with foresight it is the proportional
-deal of the leavers' shares over the takers."""
+gets its own share, nothing is left when the last tree can branch, and with foresight it is the
+proportional deal of the leavers' shares over the takers."""
 
 from __future__ import annotations
 
@@ -10,22 +10,20 @@ from hypothesis import strategies as st
 
 from trace_service.allocation import Reserve
 
+Row = tuple[int, float, bool, bool]  # share b, mixed chance q, agrees, can branch
+
 trees = st.lists(
-    st.tuples(
-        st.integers(0, 40),  # share b
-        st.floats(0.0, 1.0, allow_nan=False),  # mixed chance q
-        st.booleans(),  # takes
-    ),
+    st.tuples(st.integers(0, 40), st.floats(0.0, 1.0, allow_nan=False), st.booleans(), st.booleans()),
     min_size=1,
     max_size=30,
 )
 
 
-def _run(rows: list[tuple[int, float, bool]]) -> tuple[list[int], Reserve]:
-    reserve = Reserve.of([b for b, _, _ in rows], [q for _, q, _ in rows])
+def _run(rows: list[Row]) -> tuple[list[int], Reserve]:
+    reserve = Reserve.of([row[0] for row in rows], [row[1] for row in rows])
     draws = []
-    for share, chance, takes in rows:
-        drawn, reserve = reserve.draw(share, chance, takes=takes)
+    for share, chance, agrees, can_branch in rows:
+        drawn, reserve = reserve.draw(share, chance, agrees=agrees, can_branch=can_branch)
         assert reserve.left >= reserve.pending  # every undecided tree's share stays covered
         draws.append(drawn)
     return draws, reserve
@@ -33,23 +31,29 @@ def _run(rows: list[tuple[int, float, bool]]) -> tuple[list[int], Reserve]:
 
 @settings(max_examples=300, deadline=None)
 @given(trees)
-def test_never_over_drawn_and_every_taker_gets_its_share(rows: list[tuple[int, float, bool]]) -> None:
+def test_never_over_drawn_and_every_taker_gets_its_share(rows: list[Row]) -> None:
     draws, reserve = _run(rows)
-    total = sum(b for b, _, _ in rows)
+    total = sum(row[0] for row in rows)
     assert sum(draws) <= total
     assert reserve.left == total - sum(draws)
     assert reserve.pending == 0
-    for (share, _, takes), drawn in zip(rows, draws, strict=True):
-        assert drawn >= share if takes else drawn == 0
+    for index, ((share, _, agrees, can_branch), drawn) in enumerate(zip(rows, draws, strict=True)):
+        last = not any(row[0] for row in rows[index + 1 :])
+        if not can_branch:
+            assert drawn == 0
+        elif agrees:
+            assert drawn >= share
+        elif not last:
+            assert drawn == 0  # a mixed tree leaves its share, unless nobody else could spend it
 
 
 @settings(max_examples=300, deadline=None)
-@given(trees)
-def test_the_last_tree_takes_what_is_left(rows: list[tuple[int, float, bool]]) -> None:
-    share, chance, _ = rows[-1]
-    draws, reserve = _run([*rows[:-1], (share, chance, True)])
+@given(trees, st.booleans())
+def test_the_last_tree_that_can_branch_takes_what_is_left(rows: list[Row], agrees: bool) -> None:
+    share, chance, _, _ = rows[-1]
+    draws, reserve = _run([*rows[:-1], (share, chance, agrees, True)])
     assert reserve.left == 0
-    assert sum(draws) == sum(b for b, _, _ in rows)
+    assert sum(draws) == sum(row[0] for row in rows)
 
 
 def _proportional_deal(leavers: list[int], takers: list[int]) -> list[int]:
@@ -68,7 +72,7 @@ def _proportional_deal(leavers: list[int], takers: list[int]) -> list[int]:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.integers(0, 40), max_size=15), st.lists(st.integers(1, 40), min_size=1, max_size=15))
 def test_with_foresight_it_is_the_proportional_deal(leavers: list[int], takers: list[int]) -> None:
-    rows = [(b, 1.0, False) for b in leavers] + [(b, 0.0, True) for b in takers]
+    rows = [(b, 1.0, False, True) for b in leavers] + [(b, 0.0, True, True) for b in takers]
     draws, reserve = _run(rows)
     assert draws[: len(leavers)] == [0] * len(leavers)
     assert draws[len(leavers) :] == _proportional_deal(leavers, takers)
@@ -78,18 +82,28 @@ def test_with_foresight_it_is_the_proportional_deal(leavers: list[int], takers: 
 def test_a_taker_never_draws_what_is_not_yet_free() -> None:
     # The first tree expects the second to leave its 10, but nothing has been left yet.
     reserve = Reserve.of([4, 10], [0.0, 1.0])
-    drawn, reserve = reserve.draw(4, 0.0, takes=True)
+    drawn, reserve = reserve.draw(4, 0.0, agrees=True, can_branch=True)
     assert drawn == 4
-    drawn, reserve = reserve.draw(10, 1.0, takes=False)
-    assert (drawn, reserve.left) == (0, 10)  # left over: nobody is left to take it
+    drawn, reserve = reserve.draw(10, 1.0, agrees=False, can_branch=False)
+    assert (drawn, reserve.left) == (0, 10)  # left over: nobody is left who could spend it
+
+
+def test_a_mixed_tree_deciding_last_spends_what_nobody_else_could() -> None:
+    reserve = Reserve.of([4, 10, 6], [0.0, 1.0, 1.0])
+    drawn, reserve = reserve.draw(4, 0.0, agrees=True, can_branch=True)
+    assert drawn == 4
+    drawn, reserve = reserve.draw(10, 1.0, agrees=False, can_branch=True)
+    assert drawn == 0  # a tree is still to come
+    drawn, reserve = reserve.draw(6, 1.0, agrees=False, can_branch=True)
+    assert (drawn, reserve.left) == (16, 0)
 
 
 def test_expected_leavers_are_shared_before_they_leave() -> None:
     # Two takers of 4 and a leaver of 8 that decides first: each taker gets 4 of its 8.
     reserve = Reserve.of([8, 4, 4], [0.9, 0.1, 0.1])
     draws = []
-    for share, chance, takes in [(8, 0.9, False), (4, 0.1, True), (4, 0.1, True)]:
-        drawn, reserve = reserve.draw(share, chance, takes=takes)
+    for share, chance, agrees in [(8, 0.9, False), (4, 0.1, True), (4, 0.1, True)]:
+        drawn, reserve = reserve.draw(share, chance, agrees=agrees, can_branch=True)
         draws.append(drawn)
     assert draws == [0, 8, 8]
 
@@ -97,11 +111,11 @@ def test_expected_leavers_are_shared_before_they_leave() -> None:
 def test_bad_input_is_refused() -> None:
     reserve = Reserve.of([3], [0.5])
     with pytest.raises(ValueError, match="mixed chance"):
-        reserve.draw(3, 1.5, takes=True)
+        reserve.draw(3, 1.5, agrees=True, can_branch=True)
     with pytest.raises(ValueError, match="still pending"):
-        reserve.draw(4, 0.5, takes=True)
+        reserve.draw(4, 0.5, agrees=True, can_branch=True)
     with pytest.raises(ValueError, match="share"):
-        reserve.draw(-1, 0.5, takes=True)
+        reserve.draw(-1, 0.5, agrees=True, can_branch=True)
     with pytest.raises(ValueError, match="mixed chances"):
         Reserve.of([1, 2], [0.5])
     with pytest.raises(ValueError, match="mixed chance"):

@@ -567,24 +567,32 @@ async def test_the_training_queue_keeps_the_newest_trees_and_weights_carry_their
 async def test_reserve_draws_follow_the_rule_and_are_made_once(store: TreeStore) -> None:
     """draw_continuations.lua is Reserve.draw, and a repeated draw (a decision taken over) is the
     first one; a second create never resets a reserve that has been drawn from."""
-    rows = [("t1", 4, 0.75, False), ("t2", 2, 0.25, True), ("t3", 6, 0.5, True), ("t4", 4, 0.5, False)]
-    reserve = Reserve.of([b for _, b, _, _ in rows], [q for _, _, q, _ in rows])
+    rows = [  # tree, share, mixed chance, agrees, can branch
+        ("t1", 4, 0.75, False, True),
+        ("t2", 2, 0.25, True, True),
+        ("t3", 6, 0.5, True, False),
+        ("t4", 3, 0.5, True, True),
+        ("t5", 4, 0.5, False, False),
+    ]
+    reserve = Reserve.of([row[1] for row in rows], [row[2] for row in rows])
     await store.create_reserve(JOB, "alloc", reserve)
-    for tree_id, share, chance, takes in rows:
-        expected, reserve = reserve.draw(share, chance, takes=takes)
+    for tree_id, share, chance, agrees, can_branch in rows:
+        expected, reserve = reserve.draw(share, chance, agrees=agrees, can_branch=can_branch)
         drawn = await store.draw_continuations(
-            JOB, "alloc", tree_id, share=share, mixed_chance=chance, takes=takes
+            JOB, "alloc", tree_id, share=share, mixed_chance=chance, agrees=agrees, can_branch=can_branch
         )
         assert drawn == expected
         again = await store.draw_continuations(
-            JOB, "alloc", tree_id, share=share, mixed_chance=chance, takes=not takes
+            JOB, "alloc", tree_id, share=share, mixed_chance=chance, agrees=not agrees, can_branch=True
         )
         assert again == drawn
         await store.create_reserve(JOB, "alloc", Reserve.of([100], [0.0]))  # changes nothing
-    assert reserve.left == 4  # t4 left its share, and nobody came after it
+    assert reserve.left == 6  # t5 left its share after the last taker, and cannot branch itself
     assert await store.redis.ttl(store.keys.continuation_reserve(JOB, "alloc")) > 0
 
 
 async def test_without_a_reserve_a_tree_draws_its_own_share(store: TreeStore) -> None:
-    drawn = await store.draw_continuations(JOB, "gone", "t1", share=5, mixed_chance=0.5, takes=False)
+    drawn = await store.draw_continuations(
+        JOB, "gone", "t1", share=5, mixed_chance=0.5, agrees=False, can_branch=True
+    )
     assert drawn == 5

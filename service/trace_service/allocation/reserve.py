@@ -4,7 +4,9 @@ Tree i of an allocation is promised ``b_i = ⌊m_i·N⌋`` continuations.  A tre
 hold both outcomes is a mixed group whatever its continuations do, so its share is worth more to a tree
 whose bare rollouts agree.  Under a shared reserve, trees decide one at a time, in the order their bare
 rollouts finish: a tree that *takes* (its bare group agrees and it has a prefix to branch from) draws
-at least its own share, and one that does not draws nothing and leaves its share to the others.
+at least its own share, and one that does not draws nothing and leaves its share to the others —
+unless it is the last tree to decide and can branch: then it draws what is left, which nobody else
+could spend.
 
 The reserve holds
 
@@ -16,12 +18,14 @@ at its predicted success v): F is what the undecided trees are expected to leave
 expected to take.  Every undecided tree's share stays covered (``L ≥ P``); the surplus is ``S = L − P``.
 Tree i leaves the undecided set (P, F and W lose its terms) and draws
 
-    d_i = 0                                                    if it does not take,
     d_i = b_i + min(S, ⌊(S + F)·b_i / (b_i + W)⌋)              if it takes,
+    d_i = L                                                    if it does not, but can branch and is
+                                                               the last undecided tree (P = b_i),
+    d_i = 0                                                    otherwise,
 
 its share of the surplus available now and expected later, in proportion to its own share among the
 takers still to come, but never more than is free now.  So the reserve is never over-drawn, every
-taker gets at least ``b_i``, and the last tree, if it takes, draws all that is left.  With foresight
+taker gets at least ``b_i``, and the last tree, if it can branch, draws all that is left.  With foresight
 (``q`` = 1 for the trees that will not take, 0 for those that will) the draws are the proportional deal
 of the leavers' shares over the takers, up to rounding.
 """
@@ -61,9 +65,10 @@ class Reserve:
             expected_taken=sum(b * (1.0 - q) for b, q in zip(shares, chances, strict=True)),
         )
 
-    def draw(self, share: int, mixed_chance: float, *, takes: bool) -> tuple[int, Reserve]:
+    def draw(self, share: int, mixed_chance: float, *, agrees: bool, can_branch: bool) -> tuple[int, Reserve]:
         """The continuations a tree with share ``b``, chance ``q`` draws (the module's rule), and the
-        reserve after it."""
+        reserve after it: it takes when its bare group ``agrees`` and it ``can_branch`` (has a prefix
+        to branch from)."""
         non_negative_int(share, "share")
         q = _chance(mixed_chance)
         if share > self.pending:
@@ -75,10 +80,12 @@ class Reserve:
             expected_left = max(self.expected_left - share * q, 0.0)
             expected_taken = max(self.expected_taken - share * (1.0 - q), 0.0)
         drawn = 0
-        if takes:
+        if agrees and can_branch:
             weight = share + expected_taken
             fair = math.floor((surplus + expected_left) * share / weight) if weight > 0 else surplus
             drawn = share + min(surplus, fair)
+        elif can_branch and pending == 0:
+            drawn = self.left
         return drawn, Reserve(self.left - drawn, pending, expected_left, expected_taken)
 
 

@@ -113,14 +113,14 @@ class Stage2:
         takes when its bare rollouts agree and it has a prefix to branch from (a turn that is not a
         leaf); else it leaves its share to the allocation's other trees."""
         meta = tree.meta
-        takes = not is_mixed(meta.bare_successes, meta.bare_leaves) and any(not n.done for n in tree.nodes)
         return await self.store.draw_continuations(
             meta.job,
             meta.allocation_id,
             meta.tree_id,
             share=meta.expansion_budget,
             mixed_chance=float(root_value(meta.predicted_success, meta.rollouts)),
-            takes=takes,
+            agrees=not is_mixed(meta.bare_successes, meta.bare_leaves),
+            can_branch=any(not node.done for node in tree.nodes),
         )
 
     def _fallback_counts(self, tree: StoredTree, round_: int) -> Placement:

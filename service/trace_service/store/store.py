@@ -143,15 +143,24 @@ class TreeStore:
         )
 
     async def draw_continuations(
-        self, job: str, allocation_id: str, tree_id: str, *, share: int, mixed_chance: float, takes: bool
+        self,
+        job: str,
+        allocation_id: str,
+        tree_id: str,
+        *,
+        share: int,
+        mixed_chance: float,
+        agrees: bool,
+        can_branch: bool,
     ) -> int:
         """Tree ``tree_id``'s draw from its allocation's reserve (``Reserve.draw``; the same draw on a
         retry), or its own ``share`` when the reserve is gone."""
+        flags = [1 if agrees else 0, 1 if can_branch else 0]
         drawn = await self.scripts.run(
             ScriptCall(
                 "draw_continuations",
                 [self.keys.continuation_reserve(job, allocation_id)],
-                [tree_id, share, repr(float(mixed_chance)), 1 if takes else 0, self.job_ttl],
+                [tree_id, share, repr(float(mixed_chance)), *flags, self.job_ttl],
             )
         )
         return int(drawn)

@@ -1,10 +1,11 @@
 -- One tree's draw from its allocation's shared continuation reserve, once per tree: a retry (another
 -- replica taking the decision over) gets the same draw.  The rule is Reserve.draw
 -- (trace_service.allocation.reserve), which the store's tests hold this script to.
--- KEYS: the reserve hash.  ARGV: tree_id, share, mixed chance, takes (0/1), ttl.
+-- KEYS: the reserve hash.  ARGV: tree_id, share, mixed chance, agrees (0/1), can branch (0/1), ttl.
 -- Returns the continuations drawn; the tree's own share when the reserve is gone (expired).
 local key, field = KEYS[1], 'd:' .. ARGV[1]
-local share, chance, takes, ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == '1', tonumber(ARGV[5])
+local share, chance = tonumber(ARGV[2]), tonumber(ARGV[3])
+local agrees, can_branch, ttl = ARGV[4] == '1', ARGV[5] == '1', tonumber(ARGV[6])
 if redis.call('EXISTS', key) == 0 then return share end
 local before = redis.call('HGET', key, field)
 if before then return tonumber(before) end
@@ -21,11 +22,13 @@ else
   expected_left, expected_taken = 0, 0
 end
 local drawn = 0
-if takes then
+if agrees and can_branch then
   local weight = share + expected_taken
   local fair = surplus
   if weight > 0 then fair = math.floor((surplus + expected_left) * share / weight) end
   drawn = share + math.min(surplus, fair)
+elseif can_branch and pending == 0 then
+  drawn = left  -- the last tree to decide: what nobody else could spend
 end
 redis.call('HSET', key, field, drawn, 'left', left - drawn, 'pending', pending,
            'expected_left', string.format('%.17g', expected_left),
