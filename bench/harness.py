@@ -50,6 +50,7 @@ from trace_service.allocation import (
     Reserve,
     RootInputs,
     allocate_roots,
+    bare_mixed_chance,
     dapo_keep,
     effective_ratio,
     is_mixed,
@@ -489,9 +490,11 @@ def run_step(
     forest = _Forest([pool[index] for index in chosen], [int(counts[index]) for index in chosen])
     _run_bare(workload, forest, ledger, rng)
     if strategy.branches:
-        # The chance, at allocation, that each tree's bare group is mixed (what a shared reserve expects).
+        # What a shared reserve expects of each tree (a policy that shares reads Ṽ at the roots).
         mixed_chance = (
-            root_value(predicted[chosen], counts[chosen]) if predicted is not None else np.zeros(len(chosen))
+            bare_mixed_chance(predicted[chosen], counts[chosen])
+            if strategy.rules.shares_continuations and predicted is not None
+            else None
         )
         _branch(workload, strategy, forest, history, config, ledger, rng, mixed_chance)
 
@@ -695,14 +698,15 @@ def _branch(
     config: StepConfig,
     ledger: _Ledger,
     rng: np.random.Generator,
-    mixed_chance: FloatArray,
+    mixed_chance: FloatArray | None,
 ) -> None:
     """Stage 2 (or random branching) over every started tree, in planning rounds; a round makes one
     batched estimator call and one plan per tree.
 
     Counting rollouts, tree i gets ⌊m_i·N⌋ continuations split over `config.rounds`, each round run as
-    one simulator batch; a policy whose trees share their continuations (`shares_continuations`) gives
-    each tree its draw from the step's reserve instead, the trees deciding in pool order (`_draws`).
+    one simulator batch; for a policy whose trees share their continuations (`shares_continuations`,
+    given each tree's `mixed_chance`) each tree gets its draw from the step's reserve instead, the
+    trees deciding in pool order (`_draws`).
     Counting turns, tree i's allowance is its share of the turns left (in proportion to m_i; shares
     are not pooled); a round plans as many continuations as the allowance buys at the expected cost of
     the tree's candidates. Planned continuations start in waves, each admitted only while its worst
@@ -712,7 +716,7 @@ def _branch(
     started = [trials > 0 for trials in forest.bare_trials]
     if ledger.turn_budget is None:
         shares = [math.floor(planned * config.expansion) for planned in forest.planned]
-        if strategy.rules.shares_continuations:
+        if mixed_chance is not None:
             shares = _draws(forest, shares, mixed_chance)
         units = [round_budgets(share, config.rounds) for share in shares]
         for round_index in range(config.rounds):

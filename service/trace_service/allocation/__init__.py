@@ -16,7 +16,7 @@ from trace_service.allocation.registry import (
     PrefixPlacement,
     RootInputs,
 )
-from trace_service.allocation.reserve import Reserve
+from trace_service.allocation.reserve import Reserve, bare_mixed_chance
 from trace_service.allocation.stage1 import (
     RootAllocation,
     allocate_roots,
@@ -49,6 +49,7 @@ __all__ = [
     "RootInputs",
     "allocate_roots",
     "allocate_roots_exact",
+    "bare_mixed_chance",
     "dapo_keep",
     "effective_ratio",
     "expand_prefixes",

@@ -36,7 +36,16 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from trace_service.allocation._validate import non_negative_int
+import numpy.typing as npt
+
+from trace_service.allocation._validate import FloatArray, non_negative_int
+from trace_service.allocation.stage1 import root_value
+
+
+def bare_mixed_chance(predicted: npt.ArrayLike, rollouts: npt.ArrayLike) -> FloatArray:
+    """``q = 1 − v^m − (1 − v)^m``: the chance, at allocation, that a tree's m bare rollouts at predicted
+    success v are mixed (what the reserve expects of it)."""
+    return root_value(predicted, rollouts)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from trace_proto import AllocateRequest, AllocateResponse
-from trace_service.allocation import POLICIES, Reserve, RootInputs, root_value
+from trace_service.allocation import POLICIES, Reserve, RootInputs, bare_mixed_chance, root_value
 from trace_service.engine.common import Clock, IdempotencyConflictError, fresh_ids, off_loop
 from trace_service.metrics import Metrics
 from trace_service.predictor import OutcomeCounts, Query
@@ -46,7 +46,7 @@ class Allocation:
             # Before the trees: none of them can decide Stage 2 before the reserve exists.
             reserve = Reserve.of(
                 [tree.expansion_budget for tree in trees],
-                root_value([t.predicted_success for t in trees], [t.rollouts for t in trees]).tolist(),
+                bare_mixed_chance([t.predicted_success for t in trees], [t.rollouts for t in trees]).tolist(),
             )
             await self.store.create_reserve(request.job, response.allocation_id, reserve)
         await self.store.create_trees(trees, now)

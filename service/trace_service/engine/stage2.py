@@ -10,7 +10,7 @@ import numpy as np
 from redis.exceptions import RedisError
 
 from trace_proto import Instruction, Policy
-from trace_service.allocation import POLICIES, Need, PrefixInputs, is_mixed, root_value, spread_evenly
+from trace_service.allocation import POLICIES, Need, PrefixInputs, bare_mixed_chance, is_mixed, spread_evenly
 from trace_service.engine.common import Clock, IntArray, fresh_ids, off_loop
 from trace_service.engine.completion import Completion
 from trace_service.lifecycle import round_share
@@ -118,7 +118,7 @@ class Stage2:
             meta.allocation_id,
             meta.tree_id,
             share=meta.expansion_budget,
-            mixed_chance=float(root_value(meta.predicted_success, meta.rollouts)),
+            mixed_chance=float(bare_mixed_chance(meta.predicted_success, meta.rollouts)),
             agrees=not is_mixed(meta.bare_successes, meta.bare_leaves),
             can_branch=any(not node.done for node in tree.nodes),
         )
