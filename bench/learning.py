@@ -37,10 +37,16 @@ advantage of `bench.advantages` computed from the tree's rewards instead of the 
 `--turn-weight rollout` averages over rollouts instead of turns (each tree weighs its scored leaves,
 shared alike among its turns), for every arm.
 
-Reported per family and seed: each arm's final held-out success; the turns and the rollouts it needed to
-reach uniform's final success (the first crossing of its curve over cumulative cost, interpolated
-linearly between steps), as ratios to uniform's own; mixed groups per step; effective ratio (mixed /
-active groups). Then a summary over seeds, and learning curves as PNGs (`bench/results/`).
+The horizon: uniform takes `--steps` steps. Under `--horizon turns` (the default) every other arm then
+steps on until it has generated as many turns as uniform did, at most twice the steps: a branching arm's
+continuations start mid-rollout, so it spends fewer turns per step, and at equal steps it would be cut
+off with less compute than uniform had. `--horizon steps` stops every arm after `--steps`.
+
+Reported per family and seed: each arm's held-out success at uniform's total turns and its steps; the
+turns and the rollouts it needed to reach uniform's final success (the first crossing of its curve over
+cumulative cost, interpolated linearly between steps), as ratios to uniform's own; mixed groups per
+step; effective ratio (mixed / active groups). Then a summary over seeds, and learning curves as PNGs
+(`bench/results/`).
 """
 
 from __future__ import annotations
@@ -334,6 +340,11 @@ class StepOutcome:
     active: int
 
 
+def success_at(costs: Sequence[float], success: Sequence[float], cost: float) -> float:
+    """The curve's success at `cost`, linear between points; its last point's when it ends before."""
+    return float(np.interp(cost, costs, success)) if cost < costs[-1] else float(success[-1])
+
+
 def cost_to_reach(costs: Sequence[float], success: Sequence[float], target: float) -> float | None:
     """The cost at which the curve (costs[k], success[k]) first reaches `target`, linear between
     points; None when it never does (past the horizon)."""
@@ -544,6 +555,21 @@ def held_out_success(held_out: PolicyWorkload, theta: FloatArray, prompt_ids: Se
     return float(np.mean(held_out.true_success_many(prompt_ids)))
 
 
+#: Under the turns horizon an arm steps on at most this many times `--steps` to match uniform's turns.
+MAX_STEPS_FACTOR = 2
+HORIZONS = ("turns", "steps")
+
+
+def takes_step(curve: Curve, uniform: Curve, step: int, args: argparse.Namespace) -> bool:
+    """Whether an arm takes step `step` (0-based): every arm takes the first `--steps`; under the turns
+    horizon an arm that has generated fewer turns than uniform did in those steps steps on (equal
+    compute: an arm whose rollouts are shorter is not cut off with less of it), at most
+    `MAX_STEPS_FACTOR × --steps` steps in all."""
+    if step < args.steps:
+        return True
+    return args.horizon == "turns" and curve is not uniform and curve.turns[-1] < uniform.turns[-1]
+
+
 async def run_family_seed(
     family: str,
     seed: int,
@@ -569,20 +595,26 @@ async def run_family_seed(
         runs: list[ArmRun] = [*service_arms, *oracle_arms]
         for run in runs:
             run.curve.success.append(held_out_success(held_out, run.theta, evaluated))
+        uniform = next(run for run in runs if run.arm.name == UNIFORM)
         started = time.perf_counter()
-        for step in range(args.steps):
+        for step in range(MAX_STEPS_FACTOR * args.steps):
+            stepping = [run for run in runs if takes_step(run.curve, uniform.curve, step, args)]
+            if not stepping:
+                break
             pool = template.epoch_pool(step, args.pool)
-            outcomes = list(await asyncio.gather(*(run.step(step, pool) for run in service_arms)))
-            outcomes += [run.step(step, pool) for run in oracle_arms]
-            for run, outcome in zip(runs, outcomes, strict=True):
+            by_service = [run for run in service_arms if run in stepping]
+            outcomes = list(await asyncio.gather(*(run.step(step, pool) for run in by_service)))
+            in_process = [run for run in oracle_arms if run in stepping]
+            outcomes += [run.step(step, pool) for run in in_process]
+            for run, outcome in zip([*by_service, *in_process], outcomes, strict=True):
                 run.update(outcome)
                 run.curve.success.append(held_out_success(held_out, run.theta, evaluated))
             await asyncio.gather(
-                *(run.wait_for_training(args.train_wait) for run in service_arms if run.arm.reads_predictor)
+                *(run.wait_for_training(args.train_wait) for run in by_service if run.arm.reads_predictor)
             )
-            progress = " ".join(f"{run.arm.name} {run.curve.success[-1]:.3f}" for run in runs)
+            progress = " ".join(f"{run.arm.name} {run.curve.success[-1]:.3f}" for run in stepping)
             print(
-                f"[{time.perf_counter() - started:6.1f}s] {family} seed {seed} step {step + 1}/{args.steps}: "
+                f"[{time.perf_counter() - started:6.1f}s] {family} seed {seed} step {step + 1}: "
                 f"held-out success {progress}",
                 file=sys.stderr,
             )
@@ -599,10 +631,13 @@ async def run_family_seed(
 
 @dataclass(frozen=True)
 class ArmFigures:
-    """What the tables show of one arm on one (family, seed); ratios are None past the horizon (or
-    when uniform did not improve on its start, so there is nothing to reach)."""
+    """What the tables show of one arm on one (family, seed): the held-out success at uniform's total
+    turns (equal compute; after the arm's last step if it generated fewer), the steps it took, and the
+    ratios, None past the horizon (or when uniform did not improve on its start, so there is nothing to
+    reach)."""
 
     final_success: float
+    steps: int
     turns_ratio: float | None
     rollouts_ratio: float | None
     mixed_per_step: float
@@ -623,7 +658,8 @@ def arm_figures(curves: dict[str, Curve]) -> dict[str, ArmFigures]:
 
     return {
         name: ArmFigures(
-            final_success=curve.success[-1],
+            final_success=success_at(curve.turns, curve.success, uniform.turns[-1]),
+            steps=len(curve.mixed),
             turns_ratio=ratio(curve, "turns"),
             rollouts_ratio=ratio(curve, "rollouts"),
             mixed_per_step=statistics.fmean(curve.mixed),
@@ -645,14 +681,14 @@ def print_seed_table(family: str, seed: int, curves: dict[str, Curve]) -> None:
         f"{uniform.success[-1]:.3f} in {uniform.turns[-1]} turns, {uniform.rollouts[-1]} rollouts"
     )
     header = (
-        f"{'arm':<14} {'final':>7} {'turns→uniform':>14} {'rollouts→uniform':>17} {'mixed/step':>11}"
-        f" {'eff. ratio':>11}"
+        f"{'arm':<14} {'final':>7} {'steps':>6} {'turns→uniform':>14} {'rollouts→uniform':>17}"
+        f" {'mixed/step':>11} {'eff. ratio':>11}"
     )
     print(header)
     print("-" * len(header))
     for name, row in figures.items():
         print(
-            f"{name:<14} {row.final_success:>7.3f} {_ratio_cell(row.turns_ratio):>14} "
+            f"{name:<14} {row.final_success:>7.3f} {row.steps:>6} {_ratio_cell(row.turns_ratio):>14} "
             f"{_ratio_cell(row.rollouts_ratio):>17} {row.mixed_per_step:>11.1f} {row.effective_ratio:>11.3f}"
         )
 
@@ -670,8 +706,8 @@ def _mean_spread(values: Sequence[float | None]) -> str:
 def print_summary(results: dict[str, dict[int, dict[str, Curve]]]) -> None:
     print("\nSummary: mean ± std over seeds; (k/S): only k of S seeds reached uniform's final success")
     header = (
-        f"{'family':<10} {'arm':<14} {'final success':>15} {'turns→uniform':>20} {'rollouts→uniform':>20}"
-        f" {'mixed/step':>14} {'eff. ratio':>13}"
+        f"{'family':<10} {'arm':<14} {'final success':>15} {'steps':>6} {'turns→uniform':>20}"
+        f" {'rollouts→uniform':>20} {'mixed/step':>14} {'eff. ratio':>13}"
     )
     print(header)
     print("-" * len(header))
@@ -681,14 +717,18 @@ def print_summary(results: dict[str, dict[int, dict[str, Curve]]]) -> None:
             rows = [seed_figures[name] for seed_figures in figures]
             final_mean, final_spread = mean_std([row.final_success for row in rows])
             final = f"{final_mean:.3f} ± {final_spread:.3f}"
+            steps = statistics.fmean(row.steps for row in rows)
             print(
-                f"{family:<10} {name:<14} {final:>15} {_mean_spread([r.turns_ratio for r in rows]):>20} "
+                f"{family:<10} {name:<14} {final:>15} {steps:>6.1f} "
+                f"{_mean_spread([r.turns_ratio for r in rows]):>20} "
                 f"{_mean_spread([r.rollouts_ratio for r in rows]):>20} "
                 f"{_mean_spread([r.mixed_per_step for r in rows]):>14} "
                 f"{_mean_spread([r.effective_ratio for r in rows]):>13}"
             )
     print(
-        "final success: exact mean success of the held-out tasks after the last update.\n"
+        "final success: exact mean success of the held-out tasks once the arm has generated uniform's\n"
+        "turns (equal compute, linear between steps), or after its last update if it generated fewer.\n"
+        "steps: policy-gradient steps taken (--horizon turns: until uniform's turns are matched).\n"
         "turns→uniform, rollouts→uniform: the turns (rollouts) an arm needed to reach uniform's final\n"
         "success over uniform's own (< 1: faster than uniform). mixed/step: mixed groups per step;\n"
         "eff. ratio: mixed / active groups."
@@ -710,8 +750,10 @@ def plot(results: dict[str, dict[int, dict[str, Curve]]], out: Path) -> list[Pat
         colors = line_colors(list(next(iter(per_seed.values()))))
         for name, color in colors.items():
             arm_curves = [curves[name] for curves in per_seed.values()]
-            success = np.mean([curve.success for curve in arm_curves], axis=0)
-            turns = np.mean([curve.turns for curve in arm_curves], axis=0)
+            # Seeds may take different numbers of steps (--horizon turns): the steps every seed took.
+            points = min(len(curve.success) for curve in arm_curves)
+            success = np.mean([curve.success[:points] for curve in arm_curves], axis=0)
+            turns = np.mean([curve.turns[:points] for curve in arm_curves], axis=0)
             style = {"color": color, "linewidth": 2.4 if name in FIXED else 1.2}
             by_turns.plot(turns, success, label=name, **style)
             by_step.plot(np.arange(success.size), success, label=name, **style)
@@ -746,6 +788,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_family_arguments(parser, "every policy family")
     parser.add_argument("--seeds", type=int, default=3, help="training seeds per family")
     parser.add_argument("--steps", type=int, default=8, help="policy-gradient steps per seed")
+    parser.add_argument(
+        "--horizon",
+        choices=HORIZONS,
+        default="turns",
+        help="turns: uniform takes --steps steps and every other arm steps on until it has generated as "
+        f"many turns (equal compute; at most {MAX_STEPS_FACTOR}× --steps steps); steps: every arm takes "
+        "--steps steps",
+    )
     parser.add_argument(
         "--prompts", type=int, default=512, help="training tasks per seed: one recurs every prompts/B steps"
     )
