@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import math
 import statistics
 import sys
@@ -567,7 +568,12 @@ def takes_step(curve: Curve, uniform: Curve, step: int, args: argparse.Namespace
     `MAX_STEPS_FACTOR × --steps` steps in all."""
     if step < args.steps:
         return True
-    return args.horizon == "turns" and curve is not uniform and curve.turns[-1] < uniform.turns[-1]
+    return (
+        args.horizon == "turns"
+        and step < MAX_STEPS_FACTOR * args.steps
+        and curve is not uniform
+        and curve.turns[-1] < uniform.turns[-1]
+    )
 
 
 async def run_family_seed(
@@ -597,7 +603,7 @@ async def run_family_seed(
             run.curve.success.append(held_out_success(held_out, run.theta, evaluated))
         uniform = next(run for run in runs if run.arm.name == UNIFORM)
         started = time.perf_counter()
-        for step in range(MAX_STEPS_FACTOR * args.steps):
+        for step in itertools.count():
             stepping = [run for run in runs if takes_step(run.curve, uniform.curve, step, args)]
             if not stepping:
                 break

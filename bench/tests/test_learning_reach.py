@@ -55,6 +55,7 @@ def test_under_the_turns_horizon_an_arm_steps_on_until_it_has_uniforms_turns() -
     assert takes_step(_curve([0, 70, 140, 199]), uniform, 3, args)
     assert not takes_step(_curve([0, 70, 140, 210]), uniform, 3, args)
     assert not takes_step(uniform, uniform, 2, args)
+    assert not takes_step(_curve([0, 10, 20, 30, 40]), uniform, 4, args)  # at most twice the steps
 
 
 def test_under_the_steps_horizon_every_arm_stops_after_the_steps() -> None:
