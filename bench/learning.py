@@ -342,8 +342,9 @@ class StepOutcome:
 
 
 def success_at(costs: Sequence[float], success: Sequence[float], cost: float) -> float:
-    """The curve's success at `cost`, linear between points; its last point's when it ends before."""
-    return float(np.interp(cost, costs, success)) if cost < costs[-1] else float(success[-1])
+    """The curve's success at `cost`, linear between points; its last point's when it ends before
+    (`np.interp` holds the end values outside the curve)."""
+    return float(np.interp(cost, costs, success))
 
 
 def cost_to_reach(costs: Sequence[float], success: Sequence[float], target: float) -> float | None:
