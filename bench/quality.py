@@ -121,6 +121,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--max-prompts", type=int, default=None, help="TRACE Stage 1: cap on active prompts")
     parser.add_argument("--rounds", type=int, default=1, help="Stage 2 rounds per step (rollout budgets)")
+    parser.add_argument(
+        "--max-branch-depth",
+        type=int,
+        default=None,
+        help="continuations only from prefixes at most this many turns deep (default: any depth)",
+    )
     parser.add_argument("--estimator", choices=sorted(ESTIMATORS), default="posterior", help="TRACE's Ṽ")
     parser.add_argument(
         "--strategies",
@@ -152,6 +158,21 @@ def select_strategies(args: argparse.Namespace, seed: int) -> list[Strategy]:
 
 def per_step_mean(per_seed: list[list[StepResult]], field: str) -> float:
     return statistics.fmean(getattr(result, field) for seed in per_seed for result in seed)
+
+
+def paired_ratio(per_seed: list[list[StepResult]], baseline: list[list[StepResult]]) -> str:
+    """Mixed groups over the baseline's, seed by seed (the same pools and budget): "mean ± std (k/n)",
+    k the seeds where the strategy finds at least as many. Pairing removes what a seed's pools do to
+    both, which the two spreads of the mixed column leave in."""
+    ratios = [
+        sum(r.mixed for r in seed) / sum(r.mixed for r in base)
+        for seed, base in zip(per_seed, baseline, strict=True)
+        if sum(r.mixed for r in base)
+    ]
+    if not ratios:
+        return "—"
+    mean, spread = mean_std(ratios)
+    return f"{mean:.2f} ± {spread:.2f} ({sum(ratio >= 1.0 for ratio in ratios)}/{len(ratios)})"
 
 
 # --- regret decomposition --------------------------------------------------------------------------
@@ -226,8 +247,8 @@ def print_table(
     header = f"{'strategy':<{NAME_WIDTH}} {'effective ratio':>16} {'mixed':>13}" + "".join(
         f" {title:>11}" for title, _, _ in columns
     )
-    print(header + f" {'of oracle':>10}")
-    print("-" * (len(header) + 11))
+    print(header + f" {'of oracle':>10} {'× uniform (seeds ≥ 1)':>22}")
+    print("-" * (len(header) + 34))
     oracle_mixed = sum(r.mixed for seed in results.get("oracle", []) for r in seed)
     for name, per_seed in results.items():
         ratio, ratio_spread = mean_std(
@@ -242,6 +263,7 @@ def print_table(
             f"{name:<{NAME_WIDTH}} {ratio:>8.3f} ± {ratio_spread:<5.3f}"
             f" {mixed:>6.1f} ± {mixed_spread:<4.1f}{cells}"
             f" {'—' if share is None else f'{share:.1%}':>10}"
+            f" {paired_ratio(per_seed, results['uniform']) if 'uniform' in results else '—':>22}"
         )
     if "trace" in results and "uniform" in results:
         trace = per_step_mean(results["trace"], "effective_ratio")
@@ -388,6 +410,7 @@ def main(argv: list[str] | None = None) -> None:
         max_rollouts=args.max_rollouts,
         max_prompts=args.max_prompts,
         rounds=args.rounds,
+        max_branch_depth=args.max_branch_depth,
     )
     results: Results = {}
     started = time.perf_counter()

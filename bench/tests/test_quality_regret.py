@@ -14,6 +14,7 @@ from bench.quality import (
     extreme_calibration,
     extreme_share,
     flips_per_continuation,
+    paired_ratio,
     reliability_bins,
     root_pairs,
     stage1_share,
@@ -28,6 +29,15 @@ STEP = StepResult(
 )  # fmt: skip
 ORACLE = next(strategy for strategy in default_strategies() if strategy.name == "oracle")
 ORACLE_PAPER = next(strategy for strategy in default_strategies() if strategy.name == "oracle_paper")
+
+
+def test_paired_ratio_divides_seed_by_seed_and_counts_the_seeds_at_or_above() -> None:
+    def seeds(*mixed: int) -> list[list[StepResult]]:
+        return [[dataclasses.replace(STEP, mixed=count)] for count in mixed]
+
+    # Ratios 1.5, 1.0 and 0.5 over the three seeds; a seed where uniform found none is left out.
+    assert paired_ratio(seeds(6, 4, 2, 7), seeds(4, 4, 4, 0)) == "1.00 ± 0.50 (2/3)"
+    assert paired_ratio(seeds(3), seeds(0)) == "—"
 
 
 def test_stage1_share_pools_the_steps() -> None:
