@@ -259,6 +259,8 @@ class StepConfig:
     # when counting turns, rounds continue until nothing more fits.
     rounds: int = 1
     greso_keep_probability: float = 0.1
+    # Continuations only from prefixes at most this many turns deep (the request's `max_branch_depth`).
+    max_branch_depth: int | None = None
 
     def __post_init__(self) -> None:
         if self.bare_rollouts < 0:
@@ -271,6 +273,8 @@ class StepConfig:
             raise ValueError("a turn budget (turn_budget >= 1) is needed when the unit is turns")
         if self.rounds < 1:
             raise ValueError(f"rounds must be >= 1, got {self.rounds}")
+        if self.max_branch_depth is not None and self.max_branch_depth < 1:
+            raise ValueError(f"max_branch_depth must be >= 1 or None, got {self.max_branch_depth}")
 
     @property
     def total_rollouts(self) -> int:
@@ -346,9 +350,12 @@ class _Forest:
     """The trees of one step in flat arrays, parents before children (the layout `trace_service.tree`
     reads), with `tree_of` naming each node's tree: one `tree_targets` call serves every tree."""
 
-    def __init__(self, prompts: Sequence[Prompt], planned: Sequence[int]) -> None:
+    def __init__(
+        self, prompts: Sequence[Prompt], planned: Sequence[int], max_branch_depth: int | None = None
+    ) -> None:
         self.prompts = list(prompts)
         self.planned = list(planned)
+        self.max_branch_depth = max_branch_depth
         self.states: list[RolloutState] = []
         self.parent: list[int] = []
         self.reward: list[float] = []
@@ -415,7 +422,7 @@ class _Forest:
 
     def candidates(self) -> list[PrefixCandidates]:
         """Each tree's branching candidates (global node indices), in node order."""
-        found = prefix_candidates(tree_targets(self.parent, self.reward))
+        found = prefix_candidates(tree_targets(self.parent, self.reward), self.max_branch_depth)
         owner = np.asarray(self.tree_of, dtype=np.int64)[found.nodes]
         order = np.argsort(owner, kind="stable")
         bounds = np.cumsum(np.bincount(owner, minlength=len(self.prompts)))[:-1]
@@ -487,7 +494,9 @@ def run_step(
     true_p = workload.true_success_many([prompt.prompt_id for prompt in pool])
     ledger = _Ledger(config.turn_budget if config.unit is BudgetUnit.turns else None)
     chosen = np.flatnonzero(counts).tolist()
-    forest = _Forest([pool[index] for index in chosen], [int(counts[index]) for index in chosen])
+    forest = _Forest(
+        [pool[index] for index in chosen], [int(counts[index]) for index in chosen], config.max_branch_depth
+    )
     _run_bare(workload, forest, ledger, rng)
     if strategy.branches:
         # What a shared reserve expects of each tree (a policy that shares reads Ṽ at the roots).

@@ -399,6 +399,7 @@ class ServiceArm(ArmRun):
         driver_config = DriverConfig(concurrency=4 * arm.budget + 64, step_timeout=args.step_timeout)
         self.driver = RolloutDriver(self.client, agent.next_turn, config=driver_config)
         self.max_rollouts = args.max_rollouts
+        self.max_branch_depth = args.max_branch_depth
 
     async def step(self, step: int, pool: Sequence[Prompt]) -> StepOutcome:
         assert self.arm.policy is not None
@@ -410,6 +411,7 @@ class ServiceArm(ArmRun):
             expansion=self.arm.expansion,
             max_rollouts=self.max_rollouts,
             policy=self.arm.policy,
+            max_branch_depth=self.max_branch_depth,
             prompts=[prompt_in(prompt) for prompt in pool],
         )
         result = await self.driver.run_step(request)
@@ -484,7 +486,10 @@ class OracleArm(ArmRun):
         self.estimator = _TrueProbabilities()
         self.strategy = Strategy(arm.name, arm.oracle_of, self.estimator)
         self.config = StepConfig(
-            bare_rollouts=arm.budget, expansion=arm.expansion, max_rollouts=args.max_rollouts
+            bare_rollouts=arm.budget,
+            expansion=arm.expansion,
+            max_rollouts=args.max_rollouts,
+            max_branch_depth=args.max_branch_depth,
         )
         self.freshness = FreshnessEstimate()
 
@@ -812,6 +817,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--expansion", type=float, default=1.0, help="continuations per bare rollout (N)")
     parser.add_argument("--max-rollouts", type=int, default=64, help="most bare rollouts of one prompt")
+    parser.add_argument(
+        "--max-branch-depth",
+        type=int,
+        default=None,
+        help="branching arms continue only from prefixes at most this many turns deep (default: any)",
+    )
     parser.add_argument(
         "--arms",
         default=None,

@@ -171,6 +171,18 @@ def test_estimator_sees_roots_then_prefixes_with_current_outcomes() -> None:
         assert query.trials >= config.min_rollouts
 
 
+@pytest.mark.parametrize("depth", [1, 2])
+def test_the_depth_limit_holds_every_prefix_asked_about_and_spends_the_budget(depth: int) -> None:
+    estimator = RecordingEstimator()
+    strategy = Strategy("probe", Policy.TRACE, estimator)
+    config = StepConfig(bare_rollouts=BARE, expansion=1.0, max_branch_depth=depth)
+    workload, pool = fresh_pool()
+    result = run_step(workload, strategy, pool, {}, config, np.random.default_rng(1))
+    _, prefixes = estimator.calls
+    assert {query.state.turns for query in prefixes} == set(range(1, depth + 1))
+    assert result.rollouts == config.total_rollouts
+
+
 def test_a_wrongly_shaped_estimate_is_an_error() -> None:
     def broken(queries: Sequence[Query]) -> np.ndarray:
         return np.full(len(queries) + 1, 0.5)
@@ -237,6 +249,7 @@ def test_truth_at_still_trains_the_estimator_on_every_tree() -> None:
         ({"group_size": 0}, "group_size"),
         ({"rounds": 0}, "rounds"),
         ({"unit": BudgetUnit.turns}, "turn budget"),
+        ({"max_branch_depth": 0}, "max_branch_depth"),
     ],
 )
 def test_step_config_rejects(arguments: dict[str, object], message: str) -> None:

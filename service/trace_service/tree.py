@@ -132,13 +132,17 @@ class PrefixCandidates:
     blocked: npt.NDArray[np.bool_]
 
 
-def prefix_candidates(targets: TreeTargets) -> PrefixCandidates:
-    """Non-leaf nodes at depth ≥ 1 with at least one scored leaf below them.
+def prefix_candidates(targets: TreeTargets, max_depth: int | None = None) -> PrefixCandidates:
+    """Non-leaf nodes at depth ≥ 1 (at most ``max_depth`` turns deep, when given) with at least one
+    scored leaf below them.
 
     The observed outcome below a node shared by several rollouts is the majority one; a node whose
     subtree already holds both outcomes is blocked (nothing left to gain by branching there).
     """
-    nodes = np.flatnonzero(targets.has_children & (targets.visits > 0))
+    if max_depth is not None and max_depth < 1:
+        raise ValueError(f"max_depth must be at least 1 (a first turn), got {max_depth}")
+    shallow = targets.depth <= (max_depth if max_depth is not None else targets.depth.max(initial=0))
+    nodes = np.flatnonzero(targets.has_children & (targets.visits > 0) & shallow)
     visits, successes = targets.visits[nodes], targets.successes[nodes]
     outcome = (2 * successes > visits).astype(np.float64)
     return PrefixCandidates(nodes, outcome, blocked=is_mixed(successes, visits))

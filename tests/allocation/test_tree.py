@@ -171,6 +171,19 @@ def test_prefix_candidates_use_the_majority_outcome_and_block_mixed_subtrees() -
     assert cands.blocked.tolist() == [True, False, False]
 
 
+def test_prefix_candidates_keep_only_prefixes_within_the_depth_limit() -> None:
+    # rollout 1: 0 -> 1 -> 2 -> 3 (success); rollout 2: 4 -> 5 (failure); 1 and 4 are first turns' children
+    parent = np.array([-1, 0, 1, 2, -1, 4])
+    reward = np.array([np.nan, np.nan, np.nan, 1.0, np.nan, 0.0])
+    targets = tree_targets(parent, reward)
+    assert prefix_candidates(targets).nodes.tolist() == [0, 1, 2, 4]
+    assert prefix_candidates(targets, max_depth=1).nodes.tolist() == [0, 4]
+    assert prefix_candidates(targets, max_depth=2).nodes.tolist() == [0, 1, 4]
+    assert prefix_candidates(targets, max_depth=9).nodes.tolist() == [0, 1, 2, 4]
+    with pytest.raises(ValueError, match="at least 1"):
+        prefix_candidates(targets, max_depth=0)
+
+
 @pytest.mark.parametrize(
     ("parent", "reward", "message"),
     [

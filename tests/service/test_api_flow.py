@@ -73,6 +73,22 @@ def test_trace_shared_trees_share_their_continuations(service: ThreadedService) 
         assert client.job_stats("default").steps[0].continuations_spent == total
 
 
+def test_continuations_start_within_the_requested_depth(service: ThreadedService) -> None:
+    """With `max_branch_depth: 1` every instruction names a bare rollout's first turn, whatever the
+    predictor prefers among the deeper prefixes; the whole share is still spent."""
+    with TraceClient(service.url) as client:
+        request = two_prompts().model_copy(update={"max_branch_depth": 1})
+        allocation = client.allocate(request)
+        assert sum(t.expansion_budget for t in allocation.trees) == 8
+        for tree in allocation.trees:
+            bare = [e for _ in range(tree.rollouts) for e in rollout(tree.tree_id, None, 4, 0.0)]
+            first_turns = {event.node_id for event in bare if event.parent_id is None}
+            response = client.expand(bare)
+            assert sum(i.count for i in response.instructions) == tree.expansion_budget
+            assert {i.node_id for i in response.instructions} <= first_turns
+            assert run_continuations(client, response.instructions, 1.0).completed == [tree.tree_id]
+
+
 def test_duplicates_are_acknowledged_and_conflicts_reported(service: ThreadedService) -> None:
     with TraceClient(service.url) as client:
         allocation = client.allocate(AllocateRequest(step=0, budget=2, prompts=[PromptIn(prompt_id="p")]))

@@ -43,9 +43,13 @@ def raw(value: Any) -> bytes:
 
 def allocate_inputs() -> Iterator[Hostile]:
     valid: dict[str, Any] = {"step": 0, "budget": 4, "prompts": [{"prompt_id": "p"}, {"prompt_id": "q"}]}
-    for name in ("step", "budget", "min_rollouts", "max_rollouts", "rounds", "max_prompts"):
+    integers = ("step", "budget", "min_rollouts", "max_rollouts", "rounds", "max_prompts", "max_branch_depth")
+    for name in integers:
         for value in BAD_INTEGERS:
             yield Hostile(f"allocate {name}={value!r:.20}", "POST", "/v1/allocate", {**valid, name: value})
+    for value in [0, 1025]:  # a first turn is depth 1; no history holds more than 1,024 turns
+        body = {**valid, "max_branch_depth": value}
+        yield Hostile(f"allocate max_branch_depth={value}", "POST", "/v1/allocate", body)
     for value in [*BAD_FLOATS, 65.0, None]:
         yield Hostile(f"allocate expansion={value!r}", "POST", "/v1/allocate", {**valid, "expansion": value})
     for value in ["", "a b", "x" * 200, "é", None, 5]:

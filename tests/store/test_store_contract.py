@@ -96,6 +96,19 @@ async def test_a_created_tree_starts_collecting_and_a_repeated_create_changes_no
     assert await store.load_tree("missing") is None
 
 
+async def test_a_tree_keeps_its_depth_limit_and_one_made_before_the_limit_existed_has_none(
+    store: TreeStore,
+) -> None:
+    limited = dataclasses.replace(new_tree("t1"), max_branch_depth=1)
+    await store.create_trees([limited, new_tree("t2")], now=1.0)
+    assert (await meta_of(store, "t1")).max_branch_depth == 1
+    assert (await meta_of(store, "t2")).max_branch_depth is None
+    spec = '{"allocation_id": "a", "step": 0, "prompt_id": "p", "features": null, "prior": [0, 0], '
+    spec += '"policy": "trace", "predicted": 0.5, "return_unspent": false, "created_at": 1.0}'
+    old = {"spec": spec, "job": JOB, "status": "collecting", "rollouts": "2", "expansion_budget": "2"}
+    assert TreeMeta.from_hash("old", {**old, "rounds": "1"}).max_branch_depth is None
+
+
 # --- applying events ------------------------------------------------------------------------------
 
 

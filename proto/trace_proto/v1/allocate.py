@@ -27,6 +27,7 @@ from trace_proto.v1.limits import (
     MAX_ROLLOUTS_PER_PROMPT,
     MAX_ROUNDS,
     MAX_STEP,
+    MAX_TURNS_PER_HISTORY,
 )
 
 
@@ -149,6 +150,11 @@ class AllocateRequest(RequestModel):
         default=False,
         description="When no prefix is worth a continuation, leave that budget unspent instead of "
         "spreading it uniformly (the fallback).",
+    )
+    max_branch_depth: Annotated[StrictInt, Field(ge=1, le=MAX_TURNS_PER_HISTORY)] | None = Field(
+        default=None,
+        description="Continuations start only from prefixes at most this many turns deep (1: the first "
+        "turn of a bare rollout, nearly a fresh rollout); null: from any depth.",
     )
     prompts: list[PromptIn] = Field(min_length=1, max_length=MAX_PROMPTS_PER_REQUEST)
 

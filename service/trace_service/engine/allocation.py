@@ -136,6 +136,7 @@ class Allocation:
                 policy=request.policy.value,
                 predicted_success=predicted[i],
                 return_unspent=request.return_unspent,
+                max_branch_depth=request.max_branch_depth,
                 prior_outcomes=(history[i].successes, history[i].trials),
             )
             for i, tree_id in zip(active, tree_ids, strict=True)

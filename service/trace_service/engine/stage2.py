@@ -132,7 +132,9 @@ class Stage2:
         if tree.meta.return_unspent:
             return nothing
         try:
-            candidates = prefix_candidates(tree.targets(self.settings.success_threshold))
+            candidates = prefix_candidates(
+                tree.targets(self.settings.success_threshold), tree.meta.max_branch_depth
+            )
         except Exception:
             logger.exception("tree %s has no readable prefixes; its share is returned", tree.meta.tree_id)
             return nothing
@@ -146,7 +148,9 @@ class Stage2:
         share = _round_share(meta, round_)
         size = len(tree.nodes)
         threshold = self.settings.success_threshold
-        candidates = await off_loop(size, lambda: prefix_candidates(tree.targets(threshold)))
+        candidates = await off_loop(
+            size, lambda: prefix_candidates(tree.targets(threshold), meta.max_branch_depth)
+        )
         node_ids = [tree.nodes[i].node_id for i in candidates.nodes]
         if not node_ids or share == 0:
             return np.zeros(len(node_ids), dtype=np.int64), node_ids, {}, 0, share

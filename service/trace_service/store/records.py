@@ -33,6 +33,7 @@ class NewTree:
     predicted_success: float
     return_unspent: bool
     prior_outcomes: tuple[int, int]  # the prompt's (successes, trials) before this step
+    max_branch_depth: int | None = None  # continuations only from prefixes this shallow (None: any)
 
     def hash_fields(self, now: float) -> list[str]:
         """What a new tree stores, as a flat field/value list: its immutable spec as one JSON field, the
@@ -48,6 +49,7 @@ class NewTree:
             "policy": self.policy,
             "predicted": self.predicted_success,
             "return_unspent": self.return_unspent,
+            "max_branch_depth": self.max_branch_depth,
             "created_at": now,
         }
         return [
@@ -101,6 +103,7 @@ class TreeMeta:
     fallback: int
     created_at: float
     finished_at: float
+    max_branch_depth: int | None = None
 
     @property
     def leaves(self) -> int:
@@ -136,6 +139,8 @@ class TreeMeta:
             status=TreeStatus(_present(raw, "status")),
             created_at=float(spec["created_at"]),
             finished_at=float(raw.get("finished_at") or 0),
+            # Trees created before the field existed branch from any depth.
+            max_branch_depth=spec.get("max_branch_depth"),
             **counters,
         )
 
