@@ -139,10 +139,12 @@ def prefix_candidates(targets: TreeTargets, max_depth: int | None = None) -> Pre
     The observed outcome below a node shared by several rollouts is the majority one; a node whose
     subtree already holds both outcomes is blocked (nothing left to gain by branching there).
     """
-    if max_depth is not None and max_depth < 1:
-        raise ValueError(f"max_depth must be at least 1 (a first turn), got {max_depth}")
-    shallow = targets.depth <= (max_depth if max_depth is not None else targets.depth.max(initial=0))
-    nodes = np.flatnonzero(targets.has_children & (targets.visits > 0) & shallow)
+    eligible = targets.has_children & (targets.visits > 0)
+    if max_depth is not None:
+        if max_depth < 1:
+            raise ValueError(f"max_depth must be at least 1 (a first turn), got {max_depth}")
+        eligible &= targets.depth <= max_depth
+    nodes = np.flatnonzero(eligible)
     visits, successes = targets.visits[nodes], targets.successes[nodes]
     outcome = (2 * successes > visits).astype(np.float64)
     return PrefixCandidates(nodes, outcome, blocked=is_mixed(successes, visits))

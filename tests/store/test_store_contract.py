@@ -7,6 +7,8 @@ import dataclasses
 import itertools
 from collections.abc import Sequence
 
+import orjson
+
 from trace_proto import ExpandEvent
 from trace_service.allocation import Reserve
 from trace_service.lifecycle import TRANSITIONS, EventStatus, TreeStatus
@@ -103,10 +105,13 @@ async def test_a_tree_keeps_its_depth_limit_and_one_made_before_the_limit_existe
     await store.create_trees([limited, new_tree("t2")], now=1.0)
     assert (await meta_of(store, "t1")).max_branch_depth == 1
     assert (await meta_of(store, "t2")).max_branch_depth is None
-    spec = '{"allocation_id": "a", "step": 0, "prompt_id": "p", "features": null, "prior": [0, 0], '
-    spec += '"policy": "trace", "predicted": 0.5, "return_unspent": false, "created_at": 1.0}'
-    old = {"spec": spec, "job": JOB, "status": "collecting", "rollouts": "2", "expansion_budget": "2"}
-    assert TreeMeta.from_hash("old", {**old, "rounds": "1"}).max_branch_depth is None
+    spec = {
+        "allocation_id": "a", "step": 0, "prompt_id": "p", "features": None, "prior": [0, 0],
+        "policy": "trace", "predicted": 0.5, "return_unspent": False, "created_at": 1.0,
+    }  # fmt: skip
+    old = {"spec": orjson.dumps(spec).decode(), "job": JOB, "status": "collecting", "rounds": "1"}
+    old |= {"rollouts": "2", "expansion_budget": "2"}
+    assert TreeMeta.from_hash("old", old).max_branch_depth is None
 
 
 # --- applying events ------------------------------------------------------------------------------

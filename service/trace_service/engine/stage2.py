@@ -19,7 +19,7 @@ from trace_service.predictor import OutcomeCounts, Query
 from trace_service.runtime import PredictorRuntime
 from trace_service.settings import Settings
 from trace_service.store import StoredTree, TreeMeta, TreeStore
-from trace_service.tree import prefix_candidates
+from trace_service.tree import PrefixCandidates, prefix_candidates
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +123,10 @@ class Stage2:
             can_branch=any(not node.done for node in tree.nodes),
         )
 
+    def _candidates(self, tree: StoredTree) -> PrefixCandidates:
+        """The tree's branching candidates, within the depth its request allows."""
+        return prefix_candidates(tree.targets(self.settings.success_threshold), tree.meta.max_branch_depth)
+
     def _fallback_counts(self, tree: StoredTree, round_: int) -> Placement:
         """What :meth:`_prefix_counts` returns when its rule failed: the share spread evenly over the
         candidates and counted as fallback, or returned (the caller asked for that, or not even the
@@ -132,9 +136,7 @@ class Stage2:
         if tree.meta.return_unspent:
             return nothing
         try:
-            candidates = prefix_candidates(
-                tree.targets(self.settings.success_threshold), tree.meta.max_branch_depth
-            )
+            candidates = self._candidates(tree)
         except Exception:
             logger.exception("tree %s has no readable prefixes; its share is returned", tree.meta.tree_id)
             return nothing
@@ -147,10 +149,7 @@ class Stage2:
         meta = tree.meta
         share = _round_share(meta, round_)
         size = len(tree.nodes)
-        threshold = self.settings.success_threshold
-        candidates = await off_loop(
-            size, lambda: prefix_candidates(tree.targets(threshold), meta.max_branch_depth)
-        )
+        candidates = await off_loop(size, self._candidates, tree)
         node_ids = [tree.nodes[i].node_id for i in candidates.nodes]
         if not node_ids or share == 0:
             return np.zeros(len(node_ids), dtype=np.int64), node_ids, {}, 0, share
