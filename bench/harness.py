@@ -328,6 +328,9 @@ class StepResult:
     bare_on_extremes: int
     # Continuations whose outcome differs from the observed outcome below the prefix they branched from.
     flips: int
+    # Σ over continuations of their prefix's depth (turns before the fork), and the turns they generated.
+    branch_depth: int
+    continuation_turns: int
     # (flips, flips fresh rollouts would have made) of this step's continuations: freshness evidence.
     freshness_evidence: tuple[int, float]
     # (predicted, true) success at each root the strategy's estimator was asked about.
@@ -462,6 +465,8 @@ class _Ledger:
     turns: int = 0
     fallback_units: int = 0
     flips: int = 0
+    branch_depth: int = 0
+    continuation_turns: int = 0
 
     @property
     def turns_left(self) -> int:
@@ -552,6 +557,8 @@ def run_step(
         ),
         bare_on_extremes=int(started_counts[extreme].sum()),
         flips=ledger.flips,
+        branch_depth=ledger.branch_depth,
+        continuation_turns=ledger.continuation_turns,
         freshness_evidence=evidence,
         root_predictions=()
         if predicted is None
@@ -844,6 +851,8 @@ def _run_continuations(
     """Run one batch of continuations, graft them onto their trees, charge them; (tree, trajectory) each."""
     trajectories = workload.run([forest.states[node] for _, node in planned], rng)
     ledger.charge(trajectories, continuation=True)
+    ledger.branch_depth += sum(forest.states[node].turns for _, node in planned)
+    ledger.continuation_turns += sum(len(trajectory) for trajectory in trajectories)
     for (tree, node), trajectory in zip(planned, trajectories, strict=True):
         forest.add(tree, node, trajectory, bare=False)
         # Outcomes are binarised at 0.5, as the trees' targets are.

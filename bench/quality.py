@@ -20,6 +20,8 @@ Regret decomposition, per family and strategy (counted steps, mean ± std over s
                   above 0.95 (such a group is almost never mixed)
   flips/cont.     continuations whose outcome differs from the observed outcome below the prefix they
                   branched from, per continuation; then the same over the oracle's
+  depth/cont.     the mean depth (turns before the fork) of the prefixes continuations branched from
+  turns/cont.     the mean turns one continuation generated (what it cost)
   calibration     the estimator's mean prediction at roots whose true success is below 0.02 and above
                   0.98 (with counts); the reliability diagram bins every root by true p
 """
@@ -196,6 +198,17 @@ def flips_per_continuation(steps: Sequence[StepResult]) -> float | None:
     return sum(result.flips for result in steps) / continuations if continuations else None
 
 
+def per_continuation(steps: Sequence[StepResult]) -> tuple[float, float] | None:
+    """Mean depth of the prefixes continuations branched from, and mean turns one generated (None: none
+    ran): where a strategy branches, and what a continuation costs."""
+    continuations = sum(result.continuations for result in steps)
+    if not continuations:
+        return None
+    depth = sum(result.branch_depth for result in steps)
+    turns = sum(result.continuation_turns for result in steps)
+    return depth / continuations, turns / continuations
+
+
 def root_pairs(steps: Sequence[StepResult]) -> tuple[np.ndarray, np.ndarray]:
     """(predicted, true) success of every root the estimator was asked about."""
     pairs = np.array([pair for result in steps for pair in result.root_predictions], dtype=np.float64)
@@ -276,7 +289,8 @@ def print_regret(family: str, results: dict[str, list[list[StepResult]]]) -> Non
     print(f"Regret decomposition ({family}; stage-1 value and bare on extremes: mean ± std over seeds):")
     header = (
         f"{'strategy':<{NAME_WIDTH}} {'stage-1 value':>15} {'bare on extremes':>17} {'flips/cont.':>12}"
-        f" {'of oracle':>10} {f'Ṽ at true p<{CALIBRATION_EXTREME:g} (n)':>22}"
+        f" {'of oracle':>10} {'depth/cont.':>12} {'turns/cont.':>12}"
+        f" {f'Ṽ at true p<{CALIBRATION_EXTREME:g} (n)':>22}"
         f" {f'Ṽ at true p>{1 - CALIBRATION_EXTREME:g} (n)':>22}"
     )
     print(header)
@@ -288,6 +302,8 @@ def print_regret(family: str, results: dict[str, list[list[StepResult]]]) -> Non
         flips = flips_per_continuation(everything)
         flips_cell = "—" if flips is None else f"{flips:.3f}"
         of_oracle = "—" if flips is None or not oracle_flips else f"{flips / oracle_flips:.1%}"
+        branching = per_continuation(everything)
+        depth_cell, turns_cell = ("—", "—") if branching is None else (f"{value:.2f}" for value in branching)
         predicted, true = root_pairs(everything)
         low, high = extreme_calibration(predicted, true)
         calibration = [
@@ -297,7 +313,8 @@ def print_regret(family: str, results: dict[str, list[list[StepResult]]]) -> Non
         print(
             f"{name:<{NAME_WIDTH}} {value:>7.3f} ± {value_spread:<5.3f}"
             f" {extreme:>9.1%} ± {extreme_spread:<5.1%}"
-            f" {flips_cell:>12} {of_oracle:>10} {calibration[0]:>22} {calibration[1]:>22}"
+            f" {flips_cell:>12} {of_oracle:>10} {depth_cell:>12} {turns_cell:>12}"
+            f" {calibration[0]:>22} {calibration[1]:>22}"
         )
 
 

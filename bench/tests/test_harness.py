@@ -183,6 +183,23 @@ def test_the_depth_limit_holds_every_prefix_asked_about_and_spends_the_budget(de
     assert result.rollouts == config.total_rollouts
 
 
+@pytest.mark.parametrize("depth", [1, 2, None])
+def test_the_step_counts_where_continuations_branch_and_the_turns_they_generate(depth: int | None) -> None:
+    config = StepConfig(bare_rollouts=BARE, expansion=1.0, max_branch_depth=depth)
+    workload, pool = fresh_pool()
+    result = run_step(workload, BY_NAME["oracle"], pool, {}, config, np.random.default_rng(1))
+    assert result.continuations == BARE
+    mean_depth = result.branch_depth / result.continuations
+    mean_turns = result.continuation_turns / result.continuations
+    if depth == 1:
+        assert mean_depth == 1.0
+    else:
+        assert 1.0 <= mean_depth <= (depth or workload.max_turns)
+    # Every continuation generates at least one turn and stops by max_turns.
+    assert 1.0 <= mean_turns <= workload.max_turns - mean_depth
+    assert result.continuation_turns < result.turns
+
+
 def test_a_wrongly_shaped_estimate_is_an_error() -> None:
     def broken(queries: Sequence[Query]) -> np.ndarray:
         return np.full(len(queries) + 1, 0.5)

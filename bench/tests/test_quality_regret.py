@@ -15,6 +15,7 @@ from bench.quality import (
     extreme_share,
     flips_per_continuation,
     paired_ratio,
+    per_continuation,
     reliability_bins,
     root_pairs,
     stage1_share,
@@ -24,7 +25,7 @@ from trace_service.allocation import root_value
 STEP = StepResult(
     pool=8, active=8, mixed=4, kept=8, mixed_forks=0, rollouts=32, continuations=0, turns=64,
     fallback_units=0, stage1_value=3.0, stage1_oracle_value=4.0, bare_on_extremes=8, flips=0,
-    freshness_evidence=(0, 0.0),
+    branch_depth=0, continuation_turns=0, freshness_evidence=(0, 0.0),
     root_predictions=(),
 )  # fmt: skip
 ORACLE = next(strategy for strategy in default_strategies() if strategy.name == "oracle")
@@ -56,6 +57,14 @@ def test_flips_per_continuation() -> None:
     assert flips_per_continuation([STEP]) is None
     branched = dataclasses.replace(STEP, rollouts=48, continuations=16, flips=4)
     assert flips_per_continuation([branched, STEP]) == pytest.approx(0.25)
+
+
+def test_per_continuation_pools_the_steps() -> None:
+    assert per_continuation([STEP]) is None
+    branched = dataclasses.replace(
+        STEP, rollouts=48, continuations=16, branch_depth=40, continuation_turns=24
+    )
+    assert per_continuation([branched, STEP]) == (pytest.approx(2.5), pytest.approx(1.5))
 
 
 def test_calibration_at_the_extremes_and_in_bins() -> None:
