@@ -49,6 +49,7 @@ from trace_service.allocation import (
     PrefixInputs,
     Reserve,
     RootInputs,
+    Sharing,
     allocate_roots,
     bare_mixed_chance,
     dapo_keep,
@@ -198,10 +199,13 @@ class Strategy:
     # Counting turns, Stage 2 takes continuations by value per expected turn (`PrefixInputs.cost`)
     # instead of pricing each at the mean cost of the tree's candidates.
     prices_turns: bool = False
+    # Each tree spends its own share, at any depth: the policy's sharing switched off (an ablation).
+    local: bool = False
 
     @property
     def rules(self) -> PolicyRules:
-        return POLICIES[self.policy]
+        rules = POLICIES[self.policy]
+        return dataclasses.replace(rules, sharing=None) if self.local else rules
 
 
 def default_strategies(
@@ -226,6 +230,7 @@ def default_strategies(
         Strategy("trace_root", Policy.TRACE_ROOT, make_estimator()),
         Strategy("trace_prefix", Policy.TRACE_PREFIX, make_estimator()),
         Strategy("trace", Policy.TRACE, make_estimator()),
+        Strategy("trace_local", Policy.TRACE, make_estimator(), local=True),
         Strategy("trace_beta", Policy.TRACE, make_estimator(), belief=RootBelief.beta),
         Strategy("trace_thompson", Policy.TRACE, make_estimator(), belief=RootBelief.thompson),
         Strategy("trace_per_turn", Policy.TRACE, make_estimator(), prices_turns=True),
@@ -235,6 +240,7 @@ def default_strategies(
         Strategy("trace_true_roots", Policy.TRACE, TruthAt(make_estimator(), roots=True)),
         Strategy("trace_true_prefixes", Policy.TRACE, TruthAt(make_estimator(), roots=False)),
         Strategy("oracle", Policy.TRACE, oracle_estimator),
+        Strategy("oracle_local", Policy.TRACE, oracle_estimator, local=True),
         Strategy("oracle_paper", Policy.TRACE_PAPER, oracle_estimator),
         Strategy("oracle_shared", Policy.TRACE_SHARED, oracle_estimator),
         Strategy("oracle_flat", Policy.TRACE, oracle_estimator, branches=False),
@@ -354,11 +360,17 @@ class _Forest:
     reads), with `tree_of` naming each node's tree: one `tree_targets` call serves every tree."""
 
     def __init__(
-        self, prompts: Sequence[Prompt], planned: Sequence[int], max_branch_depth: int | None = None
+        self,
+        prompts: Sequence[Prompt],
+        planned: Sequence[int],
+        max_branch_depth: int | None = None,
+        sharing: Sharing | None = None,
     ) -> None:
         self.prompts = list(prompts)
         self.planned = list(planned)
         self.max_branch_depth = max_branch_depth
+        # The policy's sharing, which limits how deep a tree whose bare rollouts agree may branch.
+        self.sharing = sharing
         self.states: list[RolloutState] = []
         self.parent: list[int] = []
         self.reward: list[float] = []
@@ -424,9 +436,18 @@ class _Forest:
         return flips, fresh
 
     def candidates(self) -> list[PrefixCandidates]:
-        """Each tree's branching candidates (global node indices), in node order."""
-        found = prefix_candidates(tree_targets(self.parent, self.reward), self.max_branch_depth)
+        """Each tree's branching candidates (global node indices), in node order, within the request's
+        depth and, for a tree whose bare rollouts agree, the sharing's (`Sharing.branch_depth`)."""
+        targets = tree_targets(self.parent, self.reward)
+        found = prefix_candidates(targets, self.max_branch_depth)
         owner = np.asarray(self.tree_of, dtype=np.int64)[found.nodes]
+        if self.sharing is not None:
+            depth_limit = np.array(
+                [self._branch_depth(tree) for tree in range(len(self.prompts))], dtype=np.float64
+            )
+            within = targets.depth[found.nodes] <= depth_limit[owner]
+            found = PrefixCandidates(found.nodes[within], found.outcome[within], found.blocked[within])
+            owner = owner[within]
         order = np.argsort(owner, kind="stable")
         bounds = np.cumsum(np.bincount(owner, minlength=len(self.prompts)))[:-1]
         return [
@@ -438,6 +459,14 @@ class _Forest:
                 strict=True,
             )
         ]
+
+    def _branch_depth(self, tree: int) -> float:
+        assert self.sharing is not None
+        successes, trials = self.bare_successes[tree], self.bare_trials[tree]
+        limit = self.sharing.branch_depth(
+            agrees=not bool(is_mixed(successes, trials)), requested=self.max_branch_depth
+        )
+        return math.inf if limit is None else float(limit)
 
     def outcomes(self) -> tuple[IntArray, IntArray, int]:
         """Successes and visits (scored leaves) below each tree's root, and the number of mixed forks."""
@@ -500,14 +529,17 @@ def run_step(
     ledger = _Ledger(config.turn_budget if config.unit is BudgetUnit.turns else None)
     chosen = np.flatnonzero(counts).tolist()
     forest = _Forest(
-        [pool[index] for index in chosen], [int(counts[index]) for index in chosen], config.max_branch_depth
+        [pool[index] for index in chosen],
+        [int(counts[index]) for index in chosen],
+        config.max_branch_depth,
+        strategy.rules.sharing,
     )
     _run_bare(workload, forest, ledger, rng)
     if strategy.branches:
         # What a shared reserve expects of each tree (a policy that shares reads Ṽ at the roots).
         mixed_chance = (
             bare_mixed_chance(predicted[chosen], counts[chosen])
-            if strategy.rules.shares_continuations and predicted is not None
+            if strategy.rules.sharing is not None and predicted is not None
             else None
         )
         _branch(workload, strategy, forest, history, config, ledger, rng, mixed_chance)
@@ -720,9 +752,9 @@ def _branch(
     batched estimator call and one plan per tree.
 
     Counting rollouts, tree i gets ⌊m_i·N⌋ continuations split over `config.rounds`, each round run as
-    one simulator batch; for a policy whose trees share their continuations (`shares_continuations`,
-    given each tree's `mixed_chance`) each tree gets its draw from the step's reserve instead, the
-    trees deciding in pool order (`_draws`).
+    one simulator batch; for a policy whose trees share their continuations (`PolicyRules.sharing`,
+    given each tree's `mixed_chance`) each tree gets the part of its share it keeps and its draw from
+    the step's reserve instead, the trees deciding in pool order (`_draws`).
     Counting turns, tree i's allowance is its share of the turns left (in proportion to m_i; shares
     are not pooled); a round plans as many continuations as the allowance buys at the expected cost of
     the tree's candidates. Planned continuations start in waves, each admitted only while its worst
@@ -732,8 +764,9 @@ def _branch(
     started = [trials > 0 for trials in forest.bare_trials]
     if ledger.turn_budget is None:
         shares = [math.floor(planned * config.expansion) for planned in forest.planned]
-        if mixed_chance is not None:
-            shares = _draws(forest, shares, mixed_chance)
+        sharing = strategy.rules.sharing
+        if mixed_chance is not None and sharing is not None:
+            shares = _draws(forest, shares, mixed_chance, sharing)
         units = [round_budgets(share, config.rounds) for share in shares]
         for round_index in range(config.rounds):
             budgets = [tree_units[round_index] for tree_units in units]
@@ -755,18 +788,20 @@ def _branch(
             allowance[tree] -= len(trajectory)
 
 
-def _draws(forest: _Forest, shares: Sequence[int], mixed_chance: FloatArray) -> list[int]:
-    """Each tree's continuations from one reserve of `shares` (`Reserve`), drawn in tree order: a tree
-    takes when its bare group agrees and it has a prefix to branch from."""
+def _draws(forest: _Forest, shares: Sequence[int], mixed_chance: FloatArray, sharing: Sharing) -> list[int]:
+    """Each tree's continuations: the part of its share it keeps (`Sharing.split`) and its draw from
+    one reserve of the pooled parts (`Reserve`), drawn in tree order: a tree takes when its bare group
+    agrees and it has a prefix to branch from."""
     successes, visits, _ = forest.outcomes()
     mixed = is_mixed(successes, visits)
     candidates = forest.candidates()
-    reserve = Reserve.of(shares, mixed_chance.tolist())
+    splits = [sharing.split(share) for share in shares]
+    reserve = Reserve.of([pooled for _, pooled in splits], mixed_chance.tolist())
     draws = []
-    for tree, (share, chance) in enumerate(zip(shares, mixed_chance.tolist(), strict=True)):
+    for tree, ((kept, pooled), chance) in enumerate(zip(splits, mixed_chance.tolist(), strict=True)):
         can_branch = forest.bare_trials[tree] > 0 and not candidates[tree].blocked.all()
-        drawn, reserve = reserve.draw(share, chance, agrees=not mixed[tree], can_branch=can_branch)
-        draws.append(drawn)
+        drawn, reserve = reserve.draw(pooled, chance, agrees=not mixed[tree], can_branch=can_branch)
+        draws.append(kept + drawn)
     return draws
 
 

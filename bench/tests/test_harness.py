@@ -26,7 +26,7 @@ from bench.harness import (
 )
 from trace_client.sim import FAMILIES, Prompt, RolloutState, VocabularyConfig, Workload, make_workload
 from trace_proto import Policy
-from trace_service.allocation import is_mixed
+from trace_service.allocation import POLICIES, is_mixed
 
 # Small enough for a fast file, large enough that every strategy has choices to make.
 make_react = functools.partial(
@@ -274,18 +274,47 @@ def test_step_config_rejects(arguments: dict[str, object], message: str) -> None
         StepConfig(**arguments)  # type: ignore[arg-type]
 
 
-def test_shared_draws_leave_mixed_trees_nothing_and_never_exceed_the_shares() -> None:
-    """`trace_shared` in the harness: a tree whose bare group is mixed draws nothing, every other tree
-    with a prefix at least its own share, and the draws never exceed the step's continuations."""
+@pytest.mark.parametrize("policy", [Policy.TRACE_SHARED, Policy.TRACE], ids=str)
+def test_shared_draws_leave_mixed_trees_their_kept_part_and_never_exceed_the_shares(policy: Policy) -> None:
+    """Sharing in the harness: a tree whose bare group is mixed draws only the part it keeps (nothing
+    under `trace_shared`, half under `trace`), every other tree with a prefix at least its own share,
+    and the draws never exceed the step's continuations."""
+    sharing = POLICIES[policy].sharing
+    assert sharing is not None
     workload, pool = fresh_pool()
-    forest = harness._Forest(pool[:16], [2] * 16)
+    forest = harness._Forest(pool[:16], [4] * 16, sharing=sharing)
     harness._run_bare(workload, forest, harness._Ledger(None), np.random.default_rng(0))
-    shares = [2] * 16
-    draws = harness._draws(forest, shares, np.full(16, 0.5))
+    shares = [4] * 16
+    draws = harness._draws(forest, shares, np.full(16, 0.5), sharing)
     successes, visits, _ = forest.outcomes()
     mixed = is_mixed(successes, visits)
     assert mixed.any() and not mixed.all()
     assert sum(draws) <= sum(shares)
+    kept = sharing.split(4)[0]
+    assert kept == (0 if policy is Policy.TRACE_SHARED else 2)
     assert sum(draws) > sum(share for share, agrees in zip(shares, ~mixed, strict=True) if agrees)
-    for tree, drawn in enumerate(draws):
-        assert drawn == 0 if mixed[tree] else drawn >= shares[tree]
+    for tree, drawn in enumerate(draws[:-1]):  # (the last tree takes what is left, mixed or not)
+        assert drawn == kept if mixed[tree] else drawn >= shares[tree]
+
+
+def test_under_trace_agreeing_trees_branch_from_first_turns_and_mixed_trees_anywhere() -> None:
+    """`trace`'s sharing: the candidates of a tree whose bare rollouts agree are its first turns; a tree
+    whose bare rollouts are mixed keeps every depth the request allows."""
+    sharing = POLICIES[Policy.TRACE].sharing
+    workload, pool = fresh_pool()
+    forest = harness._Forest(pool[:32], [4] * 32, sharing=sharing)
+    harness._run_bare(workload, forest, harness._Ledger(None), np.random.default_rng(0))
+    successes, visits, _ = forest.outcomes()
+    mixed = is_mixed(successes, visits)
+    depths = [{forest.states[node].turns for node in found.nodes.tolist()} for found in forest.candidates()]
+    assert all(depth <= {1} for depth, is_mixed_tree in zip(depths, mixed, strict=True) if not is_mixed_tree)
+    assert any(
+        max(depth, default=0) > 1 for depth, is_mixed_tree in zip(depths, mixed, strict=True) if is_mixed_tree
+    )
+    unlimited = harness._Forest(pool[:32], [4] * 32)
+    harness._run_bare(workload, unlimited, harness._Ledger(None), np.random.default_rng(0))
+    deepest = [
+        max((unlimited.states[n].turns for n in found.nodes.tolist()), default=0)
+        for found in unlimited.candidates()
+    ]
+    assert max(deepest) > 1

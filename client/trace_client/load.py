@@ -466,11 +466,13 @@ def audit(
 ) -> Audit:
     """Compare what the workers were told with what the service exports.
 
-    Over-spent units, summed over trees t and instructions I:
+    Over-spent units, summed over trees t and instructions I, where share_t is the tree's
+    ``expansion_budget`` at allocation and budget_t the one its export holds (under a policy whose
+    trees share their continuations, what it drew; else its share):
         max(0, bare starts_t − m_t) + max(0, continuation starts_t − budget_t)
       + max(0, Σ_{I ∈ t} count_I − budget_t) + Σ_I max(0, starts_I − count_I)
       + per step: max(0, rollouts spent − promised) + max(0, continuations spent − promised)
-                  + max(0, continuations promised − Σ budget_t)
+                  + max(0, continuations promised − Σ share_t) + max(0, Σ budget_t − Σ share_t)
     Miscounted leaves, per step of the job stats:
         |rollouts spent − bare leaves exported| + |continuations spent − continuation leaves exported|
     """
@@ -486,17 +488,19 @@ def audit(
     overspent = 0
     starts_by_instruction: Counter[str] = Counter()
     leaves_by_step: dict[int, Counter[str]] = {}
-    budget_by_step: Counter[int] = Counter()
+    share_by_step: Counter[int] = Counter()
+    granted_by_step: Counter[int] = Counter()
     for tree in trees:
-        budget = allocation[tree.tree_id]
+        allocated = allocation[tree.tree_id]
         bare_starts = sum(node.parent_id is None for node in tree.nodes)
         continuation_starts = [node.instruction_id for node in tree.nodes if node.instruction_id is not None]
         starts_by_instruction.update(continuation_starts)
-        overspent += max(0, bare_starts - budget.rollouts)
-        overspent += max(0, len(continuation_starts) - budget.expansion_budget)
-        overspent += max(0, promised_by_tree[tree.tree_id] - budget.expansion_budget)
+        overspent += max(0, bare_starts - allocated.rollouts)
+        overspent += max(0, len(continuation_starts) - tree.expansion_budget)
+        overspent += max(0, promised_by_tree[tree.tree_id] - tree.expansion_budget)
         leaves_by_step.setdefault(tree.step, Counter()).update(_leaf_origins(tree))
-        budget_by_step[tree.step] += budget.expansion_budget
+        share_by_step[tree.step] += allocated.expansion_budget
+        granted_by_step[tree.step] += tree.expansion_budget
     for instruction_id, starts in starts_by_instruction.items():
         known = ledger.instructions.get(instruction_id)
         overspent += starts if known is None else max(0, starts - known.count)
@@ -504,7 +508,9 @@ def audit(
     for step in stats.steps:
         overspent += max(0, step.rollouts_spent - step.budget_promised)
         overspent += max(0, step.continuations_spent - step.continuations_promised)
-        overspent += max(0, step.continuations_promised - budget_by_step[step.step])
+        overspent += max(0, step.continuations_promised - share_by_step[step.step])
+    for step_index, granted in granted_by_step.items():
+        overspent += max(0, granted - share_by_step[step_index])
         leaves = leaves_by_step.get(step.step, Counter())
         miscounted += abs(step.rollouts_spent - leaves["bare"])
         miscounted += abs(step.continuations_spent - leaves["continuation"])

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from trace_proto import PREDICTOR_POLICIES, Policy
 from trace_service.allocation import (
+    Sharing,
     allocate_roots,
     allocate_roots_exact,
     dapo_keep,
@@ -302,6 +303,9 @@ def test_only_trace_stage2_prices_continuations_in_turns(rule: PrefixRule) -> No
             rule.place(inputs)
 
 
-def test_only_trace_shared_shares_continuations() -> None:
-    sharing = {policy for policy, rules in POLICIES.items() if rules.shares_continuations}
-    assert sharing == {Policy.TRACE_SHARED}
+def test_trace_keeps_half_and_trace_shared_pools_everything() -> None:
+    sharing = {policy: rules.sharing for policy, rules in POLICIES.items() if rules.sharing is not None}
+    assert sharing == {
+        Policy.TRACE: Sharing(kept=0.5, agreeing_depth=1),
+        Policy.TRACE_SHARED: Sharing(kept=0.0, agreeing_depth=None),
+    }

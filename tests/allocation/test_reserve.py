@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trace_service.allocation import Reserve
+from trace_service.allocation import Reserve, Sharing
 
 Row = tuple[int, float, bool, bool]  # share b, mixed chance q, agrees, can branch
 
@@ -120,3 +120,46 @@ def test_bad_input_is_refused() -> None:
         Reserve.of([1, 2], [0.5])
     with pytest.raises(ValueError, match="mixed chance"):
         Reserve.of([1], [float("nan")])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 10_000), st.floats(0.0, 1.0, allow_nan=False))
+def test_a_share_splits_into_the_kept_floor_and_the_pooled_rest(share: int, kept_fraction: float) -> None:
+    kept, pooled = Sharing(kept=kept_fraction).split(share)
+    assert kept + pooled == share
+    assert kept == int(kept_fraction * share // 1)
+    assert 0 <= kept <= share
+
+
+def test_half_kept_rounds_down_so_an_odd_share_pools_the_odd_continuation() -> None:
+    assert Sharing(kept=0.5).split(5) == (2, 3)
+    assert Sharing(kept=0.5).split(1) == (0, 1)
+    assert Sharing().split(7) == (0, 7)
+    assert Sharing(kept=1.0).split(7) == (7, 0)
+
+
+@pytest.mark.parametrize(
+    ("agrees", "requested", "expected"),
+    [(True, None, 1), (True, 3, 1), (False, None, None), (False, 3, 3)],
+)
+def test_only_a_tree_whose_bare_rollouts_agree_is_held_to_the_agreeing_depth(
+    agrees: bool, requested: int | None, expected: int | None
+) -> None:
+    sharing = Sharing(kept=0.5, agreeing_depth=1)
+    assert sharing.branch_depth(agrees=agrees, requested=requested) == expected
+    assert Sharing().branch_depth(agrees=agrees, requested=requested) == requested
+    assert Sharing(agreeing_depth=4).branch_depth(agrees=True, requested=2) == 2
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"kept": -0.1}, "kept fraction"),
+        ({"kept": 1.5}, "kept fraction"),
+        ({"kept": float("nan")}, "kept fraction"),
+        ({"agreeing_depth": 0}, "agreeing_depth"),
+    ],
+)
+def test_a_sharing_rejects_what_it_cannot_mean(arguments: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Sharing(**arguments)  # type: ignore[arg-type]

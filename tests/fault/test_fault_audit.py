@@ -172,3 +172,10 @@ def test_percentile_rejects_bad_input() -> None:
         percentile([], 0.5)
     with pytest.raises(ValueError, match="q must be"):
         percentile([1.0], 1.5)
+
+
+def test_a_tree_granted_more_than_the_steps_shares_is_over_spent() -> None:
+    """Under a policy that shares continuations a tree may hold more than its own share, but the
+    step's trees never more than their shares together."""
+    granted = exported(EVENTS).model_copy(update={"expansion_budget": ALLOCATION.expansion_budget + 1})
+    assert audit(ledger_of(EVENTS), [ALLOCATION], [granted], stats()).overspent == 1

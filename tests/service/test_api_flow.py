@@ -39,18 +39,43 @@ def test_allocate_expand_complete_export(service: ThreadedService) -> None:
         response = client.expand(bare)
         assert response.accepted == len(bare)
         assert not response.rejected
-        assert sum(i.count for i in response.instructions) == tree.expansion_budget
+        # Its bare rollouts disagree: under `trace` it keeps half its share and pools the rest.
+        kept = tree.expansion_budget // 2
+        assert sum(i.count for i in response.instructions) == kept
         done = run_continuations(client, response.instructions, 1.0)
         assert done.completed == [tree.tree_id]
         exported = client.get_tree(tree.tree_id)
         assert exported.status == "complete"
         assert exported.mixed
+        assert exported.expansion_budget == kept
         leaves = [n for n in exported.nodes if n.reward is not None]
-        assert len(leaves) == tree.rollouts + tree.expansion_budget
+        assert len(leaves) == tree.rollouts + kept
         assert exported.value == pytest.approx(sum(n.reward >= 0.5 for n in leaves) / len(leaves))  # type: ignore[operator]
         stats = client.job_stats("default")
         assert stats.steps[0].trees_complete == 1
-        assert stats.steps[0].continuations_spent == tree.expansion_budget
+        assert stats.steps[0].continuations_spent == kept
+
+
+def test_trace_pools_half_of_each_share_for_the_trees_whose_bare_rollouts_agree(
+    service: ThreadedService,
+) -> None:
+    """Under `trace` a tree whose bare rollouts disagree keeps half its continuations and leaves the
+    rest; a tree whose bare rollouts agree draws them and branches from its rollouts' first turns only,
+    whatever the predictor makes of the deeper prefixes."""
+    with TraceClient(service.url) as client:
+        first, second = client.allocate(two_prompts()).trees
+        total = first.expansion_budget + second.expansion_budget
+        mixed = [e for j in range(first.rollouts) for e in rollout(first.tree_id, None, 4, float(j % 2))]
+        kept = client.expand(mixed).instructions
+        assert sum(i.count for i in kept) == first.expansion_budget // 2
+        agreeing = [e for _ in range(second.rollouts) for e in rollout(second.tree_id, None, 4, 0.0)]
+        first_turns = {event.node_id for event in agreeing if event.parent_id is None}
+        drawn = client.expand(agreeing).instructions
+        assert sum(i.count for i in drawn) == total - first.expansion_budget // 2
+        assert {i.node_id for i in drawn} <= first_turns
+        run_continuations(client, kept, 1.0)
+        assert run_continuations(client, drawn, 1.0).completed == [second.tree_id]
+        assert client.job_stats("default").steps[0].continuations_spent == total
 
 
 def test_trace_shared_trees_share_their_continuations(service: ThreadedService) -> None:

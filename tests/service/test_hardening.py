@@ -51,7 +51,8 @@ async def test_an_event_with_unusable_features_is_refused_and_its_tree_goes_on(s
         ends = rollout(tree_id, None, 2, 1.0) + rollout(tree_id, None, 2, 0.0)
         answer = await engine.intake.expand(ends)
         assert answer.accepted == len(ends) and not answer.rejected
-        assert sum(i.count for i in answer.instructions) == allocation.trees[0].expansion_budget
+        (meta,) = await engine.store.load_metas([tree_id])
+        assert sum(i.count for i in answer.instructions) == meta.expansion_budget > 0
 
 
 async def test_a_stage2_decision_that_fails_falls_back_and_is_counted(store_url: str) -> None:

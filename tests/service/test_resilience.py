@@ -163,7 +163,8 @@ async def test_the_sweeper_works_through_a_long_open_list_a_slice_per_sweep(
             assert len(checked) <= 2 and sum(checked) < 150  # a slice (SSCAN's count is a hint)
         assert sum(acted) == 1
         offered = (await engine.instructions.claim("default", 10)).instructions
-        assert sum(i.count for i in offered) == allocation.trees[-1].expansion_budget
+        (meta,) = await engine.store.load_metas([tree_id])
+        assert sum(i.count for i in offered) == meta.expansion_budget > 0
 
 
 def test_a_serving_only_replica_uses_what_a_trainer_replica_publishes(redis_server: RedisServer) -> None:
@@ -240,7 +241,7 @@ async def test_a_damaged_tree_fails_alone_and_old_trees_stay_readable(store_url:
             await engine.intake.expand(events)
         tree = await engine.store.load_tree(healthy)
         assert tree is not None and tree.prompt_text == "prompt 1"
-        assert sum(i.count for i in tree.instructions.values()) == allocation.trees[1].expansion_budget
+        assert sum(i.count for i in tree.instructions.values()) == tree.meta.expansion_budget > 0
 
 
 async def test_one_tree_that_fails_does_not_stop_the_sweeper(

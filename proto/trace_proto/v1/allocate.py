@@ -42,13 +42,15 @@ class Policy(StrEnum):
     - `trace`: TRACE Stage 1 (maximise the expected number of mixed trees from the predictor,
       counting the contrast the prompt's Stage 2 continuations will add, at the freshness learned
       from earlier trees) and TRACE Stage 2 (branch where a continuation most likely flips the
-      observed outcome).
+      observed outcome), with half of each tree's `expansion_budget` shared per allocation: every
+      tree keeps half (rounded down); a tree whose bare rollouts already disagree leaves the other
+      half to the trees whose bare rollouts agree, which may then ask for more than their own (never
+      more than the allocation's total) and branch from first turns only.
     - `trace_paper`: the paper's TRACE: Stage 1 maximises the expected mixed groups of the bare
-      rollouts alone; TRACE Stage 2.
-    - `trace_shared`: `trace` whose trees share one continuation budget per allocation: a tree whose
-      bare rollouts already disagree leaves its `expansion_budget` to the trees whose bare rollouts
-      agree, which may then ask for more than their own (never more than the allocation's total).
-      More mixed groups, fewer mixed prefixes inside a tree.
+      rollouts alone; TRACE Stage 2, each tree spending its own `expansion_budget`.
+    - `trace_shared`: `trace` sharing all of each tree's `expansion_budget`, at any depth: a tree
+      whose bare rollouts already disagree gets no continuations unless it decides last. The most
+      mixed groups, the fewest mixed prefixes inside a tree.
     - `uniform`: uniform Stage 1 and uniform Stage 2 (the paper's uniform/uniform ablation; with
       `expansion = 0` it is plain GRPO).
     - `dapo`: DAPO-style dynamic sampling: uniform Stage 1; a tree whose bare rollouts all agree is
@@ -154,7 +156,8 @@ class AllocateRequest(RequestModel):
     max_branch_depth: Annotated[StrictInt, Field(ge=1, le=MAX_TURNS_PER_HISTORY)] | None = Field(
         default=None,
         description="Continuations start only from prefixes at most this many turns deep (1: the first "
-        "turn of a bare rollout, nearly a fresh rollout); null: from any depth.",
+        "turn of a bare rollout, nearly a fresh rollout); null: from any depth (under `trace`, a tree whose "
+        "bare rollouts agree branches from first turns either way).",
     )
     prompts: list[PromptIn] = Field(min_length=1, max_length=MAX_PROMPTS_PER_REQUEST)
 
@@ -180,7 +183,8 @@ class TreeAllocation(ResponseModel):
     tree_id: Identifier = Field(description="Server-made; every event of this prompt's rollouts names it.")
     rollouts: Annotated[int, Field(ge=1)] = Field(description="`m_i`: bare rollouts to start now.")
     expansion_budget: Count = Field(
-        description="⌊m_i·N⌋: continuations Stage 2 may ask for (under `trace_shared`, the tree's share)."
+        description="⌊m_i·N⌋: continuations Stage 2 may ask for (under `trace` and `trace_shared`, the "
+        "tree's share of the allocation's continuations)."
     )
     predicted_success: Probability = Field(description="Ṽ(x_i) when the decision was made.")
 

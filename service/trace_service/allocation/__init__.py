@@ -16,7 +16,7 @@ from trace_service.allocation.registry import (
     PrefixPlacement,
     RootInputs,
 )
-from trace_service.allocation.reserve import Reserve, bare_mixed_chance
+from trace_service.allocation.reserve import Reserve, Sharing, bare_mixed_chance
 from trace_service.allocation.stage1 import (
     RootAllocation,
     allocate_roots,
@@ -47,6 +47,7 @@ __all__ = [
     "Reserve",
     "RootAllocation",
     "RootInputs",
+    "Sharing",
     "allocate_roots",
     "allocate_roots_exact",
     "bare_mixed_chance",

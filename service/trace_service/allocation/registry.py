@@ -41,6 +41,7 @@ from trace_service.allocation.policies import (
     random_branching,
     uniform_roots,
 )
+from trace_service.allocation.reserve import Sharing
 from trace_service.allocation.stage1 import allocate_roots, allocate_roots_exact
 from trace_service.allocation.stage2 import expand_prefixes, spread_evenly
 
@@ -317,16 +318,22 @@ EVEN_PREFIXES = PrefixRule("even", frozenset(), _even_prefixes)
 EVEN_IF_MIXED_PREFIXES = PrefixRule("even_if_mixed", frozenset({Need.BARE_OUTCOMES}), _even_if_mixed_prefixes)
 
 
+#: ``trace``'s sharing: a tree keeps half its continuations (contrast inside a mixed tree) and pools the
+#: rest; a tree whose bare rollouts agree branches from first turns (bench/README.md, "Half kept").
+TRACE_SHARING = Sharing(kept=0.5, agreeing_depth=1)
+
+
 @dataclass(frozen=True)
 class PolicyRules:
     """One policy: its Stage 1 rule, its Stage 2 rule, whether its trainer keeps only mixed groups, and
-    whether its trees share one continuation budget per allocation (``reserve``: a tree whose bare
-    rollouts already disagree leaves its share to those whose bare rollouts agree)."""
+    how its trees share one continuation budget per allocation (``sharing``, ``reserve``: a tree whose
+    bare rollouts already disagree leaves its pooled part to those whose bare rollouts agree; None: each
+    tree spends its own share)."""
 
     roots: RootRule
     prefixes: PrefixRule
     keeps_only_mixed_groups: bool = False
-    shares_continuations: bool = False
+    sharing: Sharing | None = None
 
     @property
     def needs(self) -> frozenset[Need]:
@@ -340,9 +347,9 @@ class PolicyRules:
 
 POLICIES: Mapping[Policy, PolicyRules] = MappingProxyType(
     {
-        Policy.TRACE: PolicyRules(TRACE_ROOTS, TRACE_PREFIXES),
+        Policy.TRACE: PolicyRules(TRACE_ROOTS, TRACE_PREFIXES, sharing=TRACE_SHARING),
         Policy.TRACE_PAPER: PolicyRules(TRACE_PAPER_ROOTS, TRACE_PREFIXES),
-        Policy.TRACE_SHARED: PolicyRules(TRACE_ROOTS, TRACE_PREFIXES, shares_continuations=True),
+        Policy.TRACE_SHARED: PolicyRules(TRACE_ROOTS, TRACE_PREFIXES, sharing=Sharing()),
         Policy.TRACE_ROOT: PolicyRules(TRACE_ROOTS, RANDOM_PREFIXES),
         Policy.TRACE_PREFIX: PolicyRules(UNIFORM_ROOTS, TRACE_PREFIXES),
         Policy.UNIFORM: PolicyRules(UNIFORM_ROOTS, EVEN_PREFIXES),

@@ -1,12 +1,15 @@
 """One allocation's continuation budget, shared by its trees (TRACE Stage 2).
 
 Tree i of an allocation is promised ``b_i = ⌊m_i·N⌋`` continuations.  A tree whose bare rollouts already
-hold both outcomes is a mixed group whatever its continuations do, so its share is worth more to a tree
-whose bare rollouts agree.  Under a shared reserve, trees decide one at a time, in the order their bare
-rollouts finish: a tree that *takes* (its bare group agrees and it has a prefix to branch from) draws
-at least its own share, and one that does not draws nothing and leaves its share to the others —
-unless it is the last tree to decide and can branch: then it draws what is left, which nobody else
-could spend.
+hold both outcomes is a mixed group whatever its continuations do, so most of its share is worth more to
+a tree whose bare rollouts agree; some of it still buys contrast inside the mixed tree (prefixes whose
+subtree holds both outcomes), which a trainer crediting each turn learns from.  A policy's
+:class:`Sharing` splits each share into a part the tree keeps whatever its bare rollouts show,
+``k_i = ⌊f·b_i⌋``, and a pooled part ``b_i − k_i``.  Under the reserve of the pooled parts, trees decide
+one at a time, in the order their bare rollouts finish: a tree that *takes* (its bare group agrees and
+it has a prefix to branch from) draws at least its own pooled part, and one that does not draws nothing
+and leaves its pooled part to the others — unless it is the last tree to decide and can branch: then it
+draws what is left, which nobody else could spend.  Below, ``b_i`` is the pooled part.
 
 The reserve holds
 
@@ -40,6 +43,36 @@ import numpy.typing as npt
 
 from trace_service.allocation._validate import FloatArray, non_negative_int
 from trace_service.allocation.stage1 import root_value
+
+
+@dataclass(frozen=True, slots=True)
+class Sharing:
+    """How a policy's trees share their continuations: each keeps ``⌊kept·b⌋`` of its share ``b`` and
+    pools the rest (``split``); a tree whose bare rollouts agree, drawing from the pool to flip its
+    group's outcome, branches from prefixes at most ``agreeing_depth`` turns deep (``branch_depth``):
+    a continuation from a first turn is nearly a fresh rollout of the prompt."""
+
+    kept: float = 0.0
+    agreeing_depth: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.kept) and 0.0 <= self.kept <= 1.0):
+            raise ValueError(f"the kept fraction must lie in [0, 1], got {self.kept}")
+        if self.agreeing_depth is not None and self.agreeing_depth < 1:
+            raise ValueError(f"agreeing_depth must be >= 1 or None, got {self.agreeing_depth}")
+
+    def split(self, share: int) -> tuple[int, int]:
+        """``(k, b − k)`` with ``k = ⌊kept·b⌋``: what a tree keeps and what it pools."""
+        non_negative_int(share, "share")
+        kept = math.floor(self.kept * share)
+        return kept, share - kept
+
+    def branch_depth(self, *, agrees: bool, requested: int | None) -> int | None:
+        """The deepest prefix a tree may branch from: the request's ``max_branch_depth`` (None: any),
+        and for a tree whose bare rollouts agree no deeper than ``agreeing_depth``."""
+        if not agrees or self.agreeing_depth is None:
+            return requested
+        return self.agreeing_depth if requested is None else min(requested, self.agreeing_depth)
 
 
 def bare_mixed_chance(predicted: npt.ArrayLike, rollouts: npt.ArrayLike) -> FloatArray:

@@ -42,10 +42,11 @@ class Allocation:
         with self.metrics.allocate_duration.labels(request.policy.value).time():
             response, trees = await self._decide_roots(request)
         now = self.clock()
-        if POLICIES[request.policy].shares_continuations and any(t.expansion_budget for t in trees):
+        sharing = POLICIES[request.policy].sharing
+        if sharing is not None and any(t.expansion_budget for t in trees):
             # Before the trees: none of them can decide Stage 2 before the reserve exists.
             reserve = Reserve.of(
-                [tree.expansion_budget for tree in trees],
+                [sharing.split(tree.expansion_budget)[1] for tree in trees],
                 bare_mixed_chance([t.predicted_success for t in trees], [t.rollouts for t in trees]).tolist(),
             )
             await self.store.create_reserve(request.job, response.allocation_id, reserve)

@@ -10,7 +10,15 @@ import numpy as np
 from redis.exceptions import RedisError
 
 from trace_proto import Instruction, Policy
-from trace_service.allocation import POLICIES, Need, PrefixInputs, bare_mixed_chance, is_mixed, spread_evenly
+from trace_service.allocation import (
+    POLICIES,
+    Need,
+    PrefixInputs,
+    Sharing,
+    bare_mixed_chance,
+    is_mixed,
+    spread_evenly,
+)
 from trace_service.engine.common import Clock, IntArray, fresh_ids, off_loop
 from trace_service.engine.completion import Completion
 from trace_service.lifecycle import round_share
@@ -61,8 +69,9 @@ class Stage2:
             if tree is None:
                 return [], False
             budget = None
-            if round_ == 1 and POLICIES[Policy(tree.meta.policy)].shares_continuations:
-                budget = await self._draw(tree)
+            sharing = POLICIES[Policy(tree.meta.policy)].sharing
+            if round_ == 1 and sharing is not None:
+                budget = await self._draw(tree, sharing)
                 tree = replace(tree, meta=replace(tree.meta, expansion_budget=budget))
             meta = tree.meta
             try:
@@ -108,24 +117,33 @@ class Stage2:
             await self.completion.completed(tree_id, meta)
         return instructions, completed
 
-    async def _draw(self, tree: StoredTree) -> int:
-        """The tree's continuations from its allocation's shared reserve (``allocation.reserve``): it
-        takes when its bare rollouts agree and it has a prefix to branch from (a turn that is not a
-        leaf); else it leaves its share to the allocation's other trees."""
+    async def _draw(self, tree: StoredTree, sharing: Sharing) -> int:
+        """The tree's continuations: the part of its share it keeps, and its draw from its allocation's
+        shared reserve of the pooled parts (``allocation.reserve``): it takes when its bare rollouts
+        agree and it has a prefix to branch from (a turn that is not a leaf); else it leaves its pooled
+        part to the allocation's other trees."""
         meta = tree.meta
-        return await self.store.draw_continuations(
+        kept, pooled = sharing.split(meta.expansion_budget)
+        return kept + await self.store.draw_continuations(
             meta.job,
             meta.allocation_id,
             meta.tree_id,
-            share=meta.expansion_budget,
+            share=pooled,
             mixed_chance=float(bare_mixed_chance(meta.predicted_success, meta.rollouts)),
             agrees=not is_mixed(meta.bare_successes, meta.bare_leaves),
             can_branch=any(not node.done for node in tree.nodes),
         )
 
     def _candidates(self, tree: StoredTree) -> PrefixCandidates:
-        """The tree's branching candidates, within the depth its request allows."""
-        return prefix_candidates(tree.targets(self.settings.success_threshold), tree.meta.max_branch_depth)
+        """The tree's branching candidates, within the depth its request (and, for a tree whose bare
+        rollouts agree, its policy's sharing) allows."""
+        meta = tree.meta
+        sharing = POLICIES[Policy(meta.policy)].sharing
+        depth = meta.max_branch_depth
+        if sharing is not None:
+            agrees = not is_mixed(meta.bare_successes, meta.bare_leaves)
+            depth = sharing.branch_depth(agrees=agrees, requested=depth)
+        return prefix_candidates(tree.targets(self.settings.success_threshold), depth)
 
     def _fallback_counts(self, tree: StoredTree, round_: int) -> Placement:
         """What :meth:`_prefix_counts` returns when its rule failed: the share spread evenly over the
