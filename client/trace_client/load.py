@@ -509,11 +509,11 @@ def audit(
         overspent += max(0, step.rollouts_spent - step.budget_promised)
         overspent += max(0, step.continuations_spent - step.continuations_promised)
         overspent += max(0, step.continuations_promised - share_by_step[step.step])
-    for step_index, granted in granted_by_step.items():
-        overspent += max(0, granted - share_by_step[step_index])
         leaves = leaves_by_step.get(step.step, Counter())
         miscounted += abs(step.rollouts_spent - leaves["bare"])
         miscounted += abs(step.continuations_spent - leaves["continuation"])
+    for step_index, granted in granted_by_step.items():
+        overspent += max(0, granted - share_by_step[step_index])
     status = Counter(tree.status for tree in trees)
     return Audit(
         trees=len(trees),

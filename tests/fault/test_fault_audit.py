@@ -179,3 +179,14 @@ def test_a_tree_granted_more_than_the_steps_shares_is_over_spent() -> None:
     step's trees never more than their shares together."""
     granted = exported(EVENTS).model_copy(update={"expansion_budget": ALLOCATION.expansion_budget + 1})
     assert audit(ledger_of(EVENTS), [ALLOCATION], [granted], stats()).overspent == 1
+
+
+def test_leaves_are_miscounted_step_by_step() -> None:
+    """Each step of the stats is held to its own exported trees: a step that counts one continuation
+    too many and a step whose trees were never exported both count."""
+    (faithful,) = stats(continuations_spent=2).steps
+    orphan = faithful.model_copy(update={"step": 1, "continuations_spent": 1})
+    two_steps = JobStats(job="j", steps=[faithful, orphan])
+    result = audit(ledger_of(EVENTS), [ALLOCATION], [exported(EVENTS)], two_steps)
+    # step 0: one continuation leaf too many; step 1: two bare and one continuation leaf with no tree.
+    assert result.miscounted == 1 + 3
