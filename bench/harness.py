@@ -756,10 +756,11 @@ def _branch(
     given each tree's `mixed_chance`) each tree gets the part of its share it keeps and its draw from
     the step's reserve instead, the trees deciding in pool order (`_draws`).
     Counting turns, tree i's allowance is its share of the turns left (in proportion to m_i; shares
-    are not pooled); a round plans as many continuations as the allowance buys at the expected cost of
-    the tree's candidates. Planned continuations start in waves, each admitted only while its worst
-    case (running to max_turns) fits the step's turns left; a new round is planned when every planned
-    one has run, and branching ends when a round plans nothing or nothing more fits.
+    are not pooled, though a sharing policy's depth rule still holds); a round plans as many
+    continuations as the allowance buys at the expected cost of the tree's candidates. Planned
+    continuations start in waves, each admitted only while its worst case (running to max_turns) fits
+    the step's turns left; a new round is planned when every planned one has run, and branching ends
+    when a round plans nothing or nothing more fits.
     """
     started = [trials > 0 for trials in forest.bare_trials]
     if ledger.turn_budget is None:

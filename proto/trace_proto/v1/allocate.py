@@ -49,8 +49,8 @@ class Policy(StrEnum):
     - `trace_paper`: the paper's TRACE: Stage 1 maximises the expected mixed groups of the bare
       rollouts alone; TRACE Stage 2, each tree spending its own `expansion_budget`.
     - `trace_shared`: `trace` sharing all of each tree's `expansion_budget`, at any depth: a tree
-      whose bare rollouts already disagree gets no continuations unless it decides last. The most
-      mixed groups, the fewest mixed prefixes inside a tree.
+      whose bare rollouts already disagree gets no continuations unless it decides last. The fewest
+      mixed prefixes inside a tree: for trainers that learn from whole groups.
     - `uniform`: uniform Stage 1 and uniform Stage 2 (the paper's uniform/uniform ablation; with
       `expansion = 0` it is plain GRPO).
     - `dapo`: DAPO-style dynamic sampling: uniform Stage 1; a tree whose bare rollouts all agree is
