@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -144,27 +145,94 @@ def oracle_estimator(queries: Sequence[Query]) -> FloatArray:
     return np.fromiter((query.state.p for query in queries), dtype=np.float64, count=len(queries))
 
 
-class TruthAt:
-    """Ṽ from the simulator's truth at the roots (``roots=True``) or at the prefixes (``roots=False``)
-    and from ``estimator`` everywhere else: which stage's predictions the gap to the oracle comes from.
+class _Wrapping:
+    """An estimator around another: the wrapped one still answers every query and learns from every
+    tree (``observe``), so it trains exactly as it would alone; the wrapper only replaces some values."""
 
-    The wrapped estimator still answers every query and learns from every tree (``observe``), so it
-    trains exactly as it would alone; only the values at the other stage are replaced.
-    """
-
-    def __init__(self, estimator: Estimator, *, roots: bool) -> None:
+    def __init__(self, estimator: Estimator) -> None:
         self.estimator = estimator
-        self.roots = roots
-
-    def __call__(self, queries: Sequence[Query]) -> FloatArray:
-        estimated = _estimate(self.estimator, queries)
-        at_root = np.fromiter((query.state.turns == 0 for query in queries), dtype=bool, count=len(queries))
-        return np.where(at_root == self.roots, oracle_estimator(queries), estimated)
 
     def observe(self, trees: Sequence[FinishedTree]) -> None:
         observe = getattr(self.estimator, "observe", None)
         if observe is not None:
             observe(trees)
+
+
+def _at_root(queries: Sequence[Query]) -> npt.NDArray[np.bool_]:
+    return np.fromiter((query.state.turns == 0 for query in queries), dtype=bool, count=len(queries))
+
+
+class TruthAt(_Wrapping):
+    """Ṽ from the simulator's truth at the roots (``roots=True``) or at the prefixes (``roots=False``)
+    and from ``estimator`` everywhere else: which stage's predictions the gap to the oracle comes from."""
+
+    def __init__(self, estimator: Estimator, *, roots: bool) -> None:
+        super().__init__(estimator)
+        self.roots = roots
+
+    def __call__(self, queries: Sequence[Query]) -> FloatArray:
+        estimated = _estimate(self.estimator, queries)
+        return np.where(_at_root(queries) == self.roots, oracle_estimator(queries), estimated)
+
+
+#: Success probabilities are kept this far from 0 and 1, where the logit is infinite.
+_LOGIT_FLOOR = 1e-6
+
+
+class KnowableRoots(_Wrapping):
+    """Ṽ at the roots as the Bayes posterior of what a workload lets one know, and from ``estimator``
+    everywhere else: a reference for how far any Stage 1 estimator could get.
+
+    Root i of one call is scored against the true successes p_j of the call's other roots (the
+    population, known exactly: an empirical prior), its own outcomes (s_i of n_i) and a reading of its
+    text, x_i = logit p_i + σ·ε_i with ε_i ~ N(0, 1) fixed per prompt (crc32 of its id):
+
+        w_ij ∝ p_j^s_i · (1 − p_j)^(n_i − s_i) · exp(−(x_i − logit p_j)² / 2σ²)   (j ≠ i),
+        Ṽ_i = Σ_j w_ij p_j / Σ_j w_ij.
+
+    σ = `text_noise`, the family's declared text offset (`declared_text_noise`); σ = ∞ reads no text
+    (history only). Generous where it matters: the prior is the truth, the text's noise is only its
+    shared offset (no per-word blur, no missing words). Not a strict bound: it ignores what earlier
+    rollouts' turns and the policy's drift tell, and its likelihood reads today's p for old outcomes.
+    """
+
+    def __init__(self, estimator: Estimator, *, text_noise: float) -> None:
+        if not text_noise > 0:
+            raise ValueError(f"text_noise must be > 0 (math.inf: no text), got {text_noise}")
+        super().__init__(estimator)
+        self.text_noise = text_noise
+
+    def __call__(self, queries: Sequence[Query]) -> FloatArray:
+        values = _estimate(self.estimator, queries).copy()
+        roots = np.flatnonzero(_at_root(queries))
+        if roots.size >= 2:
+            values[roots] = self._posterior_means([queries[i] for i in roots.tolist()])
+        return values
+
+    def _posterior_means(self, roots: Sequence[Query]) -> FloatArray:
+        p = np.clip(oracle_estimator(roots), _LOGIT_FLOOR, 1.0 - _LOGIT_FLOOR)
+        successes = np.array([query.successes for query in roots], dtype=np.float64)
+        failures = np.array([query.trials - query.successes for query in roots], dtype=np.float64)
+        log_weight = np.outer(successes, np.log(p)) + np.outer(failures, np.log1p(-p))
+        if math.isfinite(self.text_noise):
+            logit = np.log(p) - np.log1p(-p)
+            error = np.array([_text_error(query.prompt.prompt_id) for query in roots])
+            reading = logit + self.text_noise * error
+            log_weight -= 0.5 * ((reading[:, None] - logit[None, :]) / self.text_noise) ** 2
+        np.fill_diagonal(log_weight, -np.inf)
+        weight = np.exp(log_weight - log_weight.max(axis=1, keepdims=True))
+        return np.asarray(weight @ p / weight.sum(axis=1), dtype=np.float64)
+
+
+def _text_error(prompt_id: str) -> float:
+    """ε of `KnowableRoots`: one standard normal draw per prompt, the same in every run."""
+    return float(np.random.default_rng(zlib.crc32(prompt_id.encode())).standard_normal())
+
+
+def declared_text_noise(workload: Workload) -> float:
+    """How far a family's text says a prompt's difficulty is off, on the logit scale: its config's
+    `text_bias` (`FamilyConfig`), or ∞ (read nothing from the text) for a family that declares none."""
+    return float(getattr(getattr(workload, "config", None), "text_bias", math.inf))
 
 
 class BudgetUnit(StrEnum):
@@ -210,6 +278,7 @@ class Strategy:
 
 def default_strategies(
     make_estimator: Callable[[], Estimator] = lambda: posterior_estimator,
+    text_noise: float = math.inf,
 ) -> list[Strategy]:
     """The benchmark's line-up; `make_estimator()` gives the Ṽ of TRACE, PCL and Knapsack (as the service's
     predictor does) — a fresh one per strategy, so that a learning estimator learns only from its own
@@ -218,7 +287,8 @@ def default_strategies(
     The baselines whose Stage 2 is an even spread run flat (GRPO-style groups of n at R rollouts);
     TRACE root-only (random Stage 2) and prefix-only (uniform Stage 1) branch, so each ablation spends
     the same budget as full TRACE. `trace_flat` and `oracle_flat` are TRACE's Stage 1 with all of R on
-    bare rollouts (expansion 0): what branching is worth against fresh rollouts.
+    bare rollouts (expansion 0): what branching is worth against fresh rollouts. The `*_knowable_roots`
+    run Stage 1 on `KnowableRoots` with the family's `text_noise` (`declared_text_noise`).
     """
     return [
         Strategy("uniform", Policy.UNIFORM, branches=False),
@@ -239,8 +309,14 @@ def default_strategies(
         Strategy("trace_flat", Policy.TRACE, make_estimator(), branches=False),
         Strategy("trace_true_roots", Policy.TRACE, TruthAt(make_estimator(), roots=True)),
         Strategy("trace_true_prefixes", Policy.TRACE, TruthAt(make_estimator(), roots=False)),
+        Strategy(
+            "trace_knowable_roots", Policy.TRACE, KnowableRoots(make_estimator(), text_noise=text_noise)
+        ),
         Strategy("oracle", Policy.TRACE, oracle_estimator),
         Strategy("oracle_local", Policy.TRACE, oracle_estimator, local=True),
+        Strategy(
+            "oracle_knowable_roots", Policy.TRACE, KnowableRoots(oracle_estimator, text_noise=text_noise)
+        ),
         Strategy("oracle_paper", Policy.TRACE_PAPER, oracle_estimator),
         Strategy("oracle_shared", Policy.TRACE_SHARED, oracle_estimator),
         Strategy("oracle_flat", Policy.TRACE, oracle_estimator, branches=False),

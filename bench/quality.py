@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import statistics
 import sys
 import time
@@ -46,6 +47,7 @@ from bench.harness import (
     StepConfig,
     StepResult,
     Strategy,
+    declared_text_noise,
     default_strategies,
     mean_rollout_turns,
     posterior_estimator,
@@ -145,9 +147,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def select_strategies(args: argparse.Namespace, seed: int) -> list[Strategy]:
-    """The strategies to run on `seed`, each with a fresh estimator (call once per seed)."""
-    strategies = default_strategies(functools.partial(ESTIMATORS[args.estimator], seed))
+def select_strategies(args: argparse.Namespace, seed: int, text_noise: float = math.inf) -> list[Strategy]:
+    """The strategies to run on `seed`, each with a fresh estimator (call once per seed); `text_noise` is
+    the family's, for the `*_knowable_roots` (`declared_text_noise`)."""
+    strategies = default_strategies(functools.partial(ESTIMATORS[args.estimator], seed), text_noise)
     if args.strategies is None:
         return strategies
     wanted = comma_list(args.strategies)
@@ -434,10 +437,12 @@ def main(argv: list[str] | None = None) -> None:
     for family in args.families:
         make = functools.partial(make_workload, family, prompts=args.prompts)
         # Equal turns: R × the family's mean rollout length, measured on seed 0 before any learning.
-        config = step_config.counted_in(BudgetUnit(args.budget_unit), mean_rollout_turns(make(0)))
+        first = make(0)
+        config = step_config.counted_in(BudgetUnit(args.budget_unit), mean_rollout_turns(first))
+        text_noise = declared_text_noise(first)
         family_results: dict[str, list[list[StepResult]]] = {}
         for seed in range(args.seeds):
-            for strategy in select_strategies(args, seed):
+            for strategy in select_strategies(args, seed, text_noise):
                 began = time.perf_counter()
                 per_step = run_strategy(
                     make,
