@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import math
 import statistics
 import sys
 import time
@@ -147,7 +146,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def select_strategies(args: argparse.Namespace, seed: int, text_noise: float = math.inf) -> list[Strategy]:
+def select_strategies(args: argparse.Namespace, seed: int, text_noise: float) -> list[Strategy]:
     """The strategies to run on `seed`, each with a fresh estimator (call once per seed); `text_noise` is
     the family's, for the `*_knowable_roots` (`declared_text_noise`)."""
     strategies = default_strategies(functools.partial(ESTIMATORS[args.estimator], seed), text_noise)

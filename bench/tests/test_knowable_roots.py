@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import bench.harness as harness
-from bench.harness import KnowableRoots, Query, declared_text_noise, oracle_estimator
+from bench.harness import KnowableRoots, Query, declared_text_noise
 from trace_client.sim import Prompt, RolloutState, Turn, make_workload
 
 
@@ -92,12 +92,18 @@ def test_prefixes_and_a_lone_root_are_the_wrapped_estimators() -> None:
     assert estimator([prefix, *_roots([0.2, 0.8], [(0, 0)] * 2)])[0] == 0.5
 
 
-def test_the_truth_inside_is_not_touched() -> None:
-    """With the oracle wrapped, prefixes keep their truth and the oracle's own answer is not rewritten."""
+def test_the_wrapped_answer_is_not_rewritten() -> None:
+    """The wrapped estimator's own array (one it may keep) comes back as it was; prefixes keep it."""
     queries = _roots([0.2, 0.8], [(0, 0)] * 2)
-    estimator = KnowableRoots(oracle_estimator, text_noise=math.inf)
-    assert estimator(queries).tolist() == pytest.approx([0.8, 0.2])
-    assert oracle_estimator(queries).tolist() == [0.2, 0.8]
+    prefix = Query(queries[0].prompt, RolloutState("p0", p=0.3, history=(Turn("a step", done=False),)), 0, 0)
+    kept = np.array([0.2, 0.8, 0.3])
+
+    def keeping(_: Sequence[Query]) -> np.ndarray:
+        return kept
+
+    values = KnowableRoots(keeping, text_noise=math.inf)([*queries, prefix])
+    assert values.tolist() == pytest.approx([0.8, 0.2, 0.3])
+    assert kept.tolist() == [0.2, 0.8, 0.3]
 
 
 def test_the_text_noise_is_the_familys_declared_offset() -> None:
