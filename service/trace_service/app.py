@@ -103,7 +103,9 @@ def create_app(settings: Settings | None = None, *, store: TreeStore | None = No
         engine = build_engine(tree_store, runtime, settings, metrics, clock=app.state.clock)
         app.state.engine = engine
         metrics_server = (
-            start_http_server(settings.metrics_port, registry=registry)[0] if settings.metrics_port else None
+            start_http_server(settings.metrics_port, settings.metrics_host, registry=registry)[0]
+            if settings.metrics_port
+            else None
         )
         # What exists now (torch, the app, the model: ~300,000 objects) lives as long as the process;
         # kept out of the cyclic collector, it no longer makes every full collection a ~200 ms pause.
@@ -114,7 +116,9 @@ def create_app(settings: Settings | None = None, *, store: TreeStore | None = No
         switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(_SWITCH_INTERVAL)
         stop = asyncio.Event()
+        app.state.embedded_store = embedded
         tasks = [
+            *([asyncio.create_task(embedded.supervise(stop))] if embedded else []),
             asyncio.create_task(
                 _every(
                     settings.train_interval_seconds,
@@ -157,6 +161,7 @@ def create_app(settings: Settings | None = None, *, store: TreeStore | None = No
     app.state.metrics = metrics
     # The clock leases, claims and timestamps run on, read when the app starts (a test may set its own).
     app.state.clock = time.time
+    app.state.embedded_store = None
     for router in (allocate.router, expand.router, trees.router, predictor.router, health.router):
         app.include_router(router)
     install_error_handlers(app)

@@ -81,6 +81,8 @@ def _serve(args: argparse.Namespace) -> int:
         settings = Settings(**overrides)
     except ValidationError as error:
         raise settings_error(error, {"store_url": "--store-url"}) from None
+    if "metrics_host" not in settings.model_fields_set:  # the metrics port listens where the API does
+        settings = settings.model_copy(update={"metrics_host": args.host})
 
     import uvicorn
 

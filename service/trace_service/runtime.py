@@ -19,6 +19,7 @@ import numpy.typing as npt
 
 from trace_proto import PredictorInfo, PriorInfo
 from trace_service.metrics import Metrics
+from trace_service.offload import off_loop
 from trace_service.predictor import (
     CheckpointError,
     EncodedHistory,
@@ -170,6 +171,16 @@ class PredictorRuntime:
         group = RootGroup(root, meta.bare_successes, meta.bare_leaves, outcomes) if meta.bare_leaves else None
         return examples, group
 
+    def _learn_from(self, tree: StoredTree) -> int:
+        """Add one finished tree's examples, group and continuation flips to the predictor's buffers;
+        the number of examples added."""
+        examples, group = self.training_data(tree)
+        flips = tree.continuation_flips(self.success_threshold)
+        if examples:
+            self.predictor.add_examples(examples, group)
+            self.predictor.observe_continuations(*flips)
+        return len(examples)
+
     @property
     def freshness(self) -> float:
         """ρ of Stage 1's joint objective, learned with the weights (``SuccessPredictor.freshness``)."""
@@ -191,15 +202,10 @@ class PredictorRuntime:
             if tree is None:
                 continue
             try:
-                examples, group = self.training_data(tree)
-                flips = tree.continuation_flips(self.success_threshold)
+                # Encoding every node of a large tree takes seconds: beside the loop.
+                added += await off_loop(len(tree.nodes), self._learn_from, tree)
             except ValueError as error:  # a malformed tree must not stop training on the others
                 logger.warning("skipping tree %s for training: %s", tree_id, error)
-                continue
-            if examples:
-                self.predictor.add_examples(examples, group)
-                self.predictor.observe_continuations(*flips)
-                added += len(examples)
         if added:
             self.metrics.predictor_examples.inc(added)
         if self.predictor.examples_seen == 0 or not added:

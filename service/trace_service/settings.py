@@ -27,6 +27,12 @@ class Settings(BaseSettings):
         "keeps its append-only file, so that trees, stats and the predictor survive a restart; empty: "
         "in memory only, lost on restart.",
     )
+    store_heal_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="With the embedded store: the service starts its redis-server again whenever it exits; "
+        "if it cannot for this long, /healthz fails so that the orchestrator restarts the service.",
+    )
     store_prefix: str = "trace"
     tree_ttl_seconds: int = Field(
         default=7 * 24 * 3600, ge=60, description="Trees expire this long after their last update."
@@ -76,6 +82,11 @@ class Settings(BaseSettings):
     metrics_port: int = Field(
         default=0, ge=0, le=65535, description="Serve /metrics on this port only; 0: on the main port."
     )
+    metrics_host: str = Field(
+        default="127.0.0.1",
+        description="Interface of the metrics port; `trace-rollout serve` sets it to its --host unless "
+        "this is set.",
+    )
     sweep_interval_seconds: float = Field(default=5.0, gt=0)
 
     @field_validator("predictor_device")
@@ -91,5 +102,8 @@ class Settings(BaseSettings):
     @classmethod
     def _split_tokens(cls, value: object) -> object:
         if isinstance(value, str):
-            return [token.strip() for token in value.split(",") if token.strip()]
+            tokens = [token.strip() for token in value.split(",") if token.strip()]
+            if value.strip() and not tokens:  # a value that means to set tokens must not turn auth off
+                raise ValueError(f"{value!r} holds no token; leave it empty to run without auth")
+            return tokens
         return value

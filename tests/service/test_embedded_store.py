@@ -1,5 +1,5 @@
-"""Issue 13, item 8: the embedded default keeps what it answered across a restart, a kill -9 of the
-service and a kill -9 of its redis-server."""
+"""The embedded default keeps what it answered across a restart, a kill -9 of the service and a kill -9
+of its redis-server, which the running service starts again by itself."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import httpx
 import pytest
 import redis
 
+from bench.liveness import HealthProbe
 from trace_client.local import ServiceProcess
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
@@ -114,5 +115,63 @@ def test_the_embedded_store_survives(data_dir: Path, tmp_path: Path, crash: str)
             assert client.get("/v1/jobs/default/stats").json()["steps"][0] == stats["steps"][0]
             assert client.get(f"/v1/trees/{last['trees'][0]['tree_id']}").status_code == 200
             assert int(client.get("/v1/predictor").json()["version"]) >= version
+    finally:
+        service.stop()
+
+
+def test_the_embedded_store_heals_without_a_restart_of_the_service(data_dir: Path, tmp_path: Path) -> None:
+    """kill -9 of the store's redis-server mid-flow: the service starts it again from its append-only
+    file and is ready again without a restart, nothing answered is lost, and /healthz never fails."""
+    service = embedded_service(data_dir, tmp_path)
+    service.start().wait_ready(60)
+    try:
+        with httpx.Client(base_url=service.url, timeout=30) as client, HealthProbe(service.url, 30) as probe:
+            tree_id = finished_step(client)
+            before = client.get(f"/v1/trees/{tree_id}").json()
+            pid = int(store_client(data_dir).info("server")["process_id"])
+            os.kill(pid, signal.SIGKILL)
+            during = client.post(
+                "/v1/allocate", json={"step": 1, "budget": 2, "prompts": [{"prompt_id": "q"}]}
+            )
+            assert during.status_code in (200, 503)
+            deadline = time.monotonic() + 30
+            while client.get("/readyz").status_code != 200:
+                assert time.monotonic() < deadline, "the embedded store never came back"
+                time.sleep(0.1)
+            assert int(store_client(data_dir).info("server")["process_id"]) != pid
+            assert client.get(f"/v1/trees/{tree_id}").json() == before
+            after = client.post(
+                "/v1/allocate", json={"step": 2, "budget": 2, "prompts": [{"prompt_id": "r"}]}
+            )
+            assert after.status_code == 200
+            assert client.get(f"/v1/trees/{after.json()['trees'][0]['tree_id']}").status_code == 200
+            assert probe.failures == 0
+    finally:
+        service.stop()
+
+
+def test_liveness_fails_while_the_embedded_store_cannot_come_back(data_dir: Path, tmp_path: Path) -> None:
+    """A store that cannot be started again (here: its append-only manifest made unreadable) fails
+    /healthz once `store_heal_seconds` pass, so that the orchestrator restarts the service; once it can
+    start again, the service heals by itself."""
+    service = embedded_service(data_dir, tmp_path)
+    service.environment["TRACE_STORE_HEAL_SECONDS"] = "1"
+    service.start().wait_ready(60)
+    try:
+        with httpx.Client(base_url=service.url, timeout=30) as client:
+            (manifest,) = (data_dir / "appendonlydir").glob("*.manifest")
+            intact = manifest.read_bytes()
+            manifest.write_bytes(b"not a manifest\n")
+            os.kill(int(store_client(data_dir).info("server")["process_id"]), signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while (health := client.get("/healthz")).status_code == 200:
+                assert time.monotonic() < deadline, "/healthz never failed"
+                time.sleep(0.2)
+            assert health.status_code == 503
+            assert "redis-server has been down" in health.json()["detail"]
+            manifest.write_bytes(intact)
+            while client.get("/healthz").status_code != 200 or client.get("/readyz").status_code != 200:
+                assert time.monotonic() < deadline + 30, "the store never came back"
+                time.sleep(0.2)
     finally:
         service.stop()

@@ -12,6 +12,7 @@ from trace_proto.v1.common import (
     FeatureVector,
     FiniteFloat,
     Identifier,
+    Integral,
     JobName,
     Probability,
     Real,
@@ -128,24 +129,24 @@ class AllocateRequest(RequestModel):
     """A training step's candidate pool and budget."""
 
     job: JobName = Field(default=DEFAULT_JOB, description="Namespace of one training run.")
-    step: Annotated[StrictInt, Field(ge=0, le=MAX_STEP)] = Field(description="The training step.")
-    budget: Annotated[StrictInt, Field(ge=0, le=MAX_BUDGET)] = Field(
+    step: Annotated[StrictInt, Field(ge=0, le=MAX_STEP), Integral] = Field(description="The training step.")
+    budget: Annotated[StrictInt, Field(ge=0, le=MAX_BUDGET), Integral] = Field(
         description="`M`: bare rollouts to spread over the prompts."
     )
     expansion: Annotated[FiniteFloat, Field(ge=0.0, le=MAX_EXPANSION)] = Field(
         default=2.0, description="`N`: each active prompt may branch ⌊m_i·N⌋ continuations."
     )
-    min_rollouts: Annotated[StrictInt, Field(ge=2, le=MAX_ROLLOUTS_PER_PROMPT)] = Field(
+    min_rollouts: Annotated[StrictInt, Field(ge=2, le=MAX_ROLLOUTS_PER_PROMPT), Integral] = Field(
         default=2, description="Fewest rollouts of an active prompt; one rollout can never be mixed."
     )
-    max_rollouts: Annotated[StrictInt, Field(ge=2, le=MAX_ROLLOUTS_PER_PROMPT)] = Field(
+    max_rollouts: Annotated[StrictInt, Field(ge=2, le=MAX_ROLLOUTS_PER_PROMPT), Integral] = Field(
         default=64, description="Most rollouts of one prompt."
     )
-    max_prompts: Annotated[StrictInt, Field(ge=1, le=MAX_PROMPTS_PER_REQUEST)] | None = Field(
+    max_prompts: Annotated[StrictInt, Field(ge=1, le=MAX_PROMPTS_PER_REQUEST), Integral] | None = Field(
         default=None, description="Cap on active prompts (guards against many tiny groups)."
     )
     policy: Policy = Policy.TRACE
-    rounds: Annotated[StrictInt, Field(ge=1, le=MAX_ROUNDS)] = Field(
+    rounds: Annotated[StrictInt, Field(ge=1, le=MAX_ROUNDS), Integral] = Field(
         default=1, description="Stage 2 rounds; each round uses the outcomes observed so far."
     )
     return_unspent: StrictBool = Field(
@@ -153,7 +154,7 @@ class AllocateRequest(RequestModel):
         description="When no prefix is worth a continuation, leave that budget unspent instead of "
         "spreading it uniformly (the fallback).",
     )
-    max_branch_depth: Annotated[StrictInt, Field(ge=1, le=MAX_TURNS_PER_HISTORY)] | None = Field(
+    max_branch_depth: Annotated[StrictInt, Field(ge=1, le=MAX_TURNS_PER_HISTORY), Integral] | None = Field(
         default=None,
         description="Continuations start only from prefixes at most this many turns deep (1: the first "
         "turn of a bare rollout, nearly a fresh rollout); null: from any depth (under `trace`, a tree whose "

@@ -9,7 +9,7 @@ Every model is immutable.
 
 from typing import Annotated, Final
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat
 
 from trace_proto.v1.limits import JOB_PATTERN, MAX_FEATURE_DIM, MAX_ID_LENGTH, MAX_TEXT_LENGTH
 
@@ -27,6 +27,17 @@ class ResponseModel(BaseModel):
 
 
 # Request field types (strict).
+
+
+def _integral(value: object) -> object:
+    """A float with no fractional part (``4.0``) as the integer it is."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+#: Written last in a request integer's ``Annotated[StrictInt, Field(...), Integral]``: a JSON number
+#: without a fractional part, ``4`` or ``4.0`` (both are integers to JSON Schema) is taken; a string, a
+#: boolean or ``4.5`` is not.
+Integral = BeforeValidator(_integral)
 FiniteFloat = Annotated[StrictFloat, Field(allow_inf_nan=False)]
 FeatureVector = Annotated[list[FiniteFloat], Field(min_length=1, max_length=MAX_FEATURE_DIM)]
 

@@ -10,8 +10,9 @@ import numpy.typing as npt
 
 from trace_proto import AllocateRequest, AllocateResponse
 from trace_service.allocation import POLICIES, Reserve, RootInputs, bare_mixed_chance, root_value
-from trace_service.engine.common import Clock, IdempotencyConflictError, fresh_ids, off_loop
+from trace_service.engine.common import Clock, IdempotencyConflictError, fresh_ids
 from trace_service.metrics import Metrics
+from trace_service.offload import off_loop
 from trace_service.predictor import OutcomeCounts, Query
 from trace_service.runtime import PredictorRuntime
 from trace_service.store import NewTree, PromptOutcomes, TreeStore
@@ -55,7 +56,11 @@ class Allocation:
             body = response.model_dump_json()
             winner = await self.store.remember_response(request.job, idempotency_key, fingerprint, body)
             if winner[1] != body:
-                # A concurrent twin answered first: its trees stand; ours stay unlisted and expire.
+                # A concurrent twin answered first: its trees stand; ours, never listed nor answered,
+                # go at once.
+                await self.store.discard_allocation(
+                    request.job, response.allocation_id, [tree.tree_id for tree in trees]
+                )
                 response = _remembered(idempotency_key, fingerprint, winner)
                 await self._index(request, response)
                 return response

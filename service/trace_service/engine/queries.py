@@ -7,10 +7,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from trace_proto import HistoryIn, JobStats, PredictResponse, StepStats, TreeNode, TreeResponse
-from trace_service.engine.common import Clock, NotFoundError, off_loop
+from trace_service.engine.common import Clock, NotFoundError
 from trace_service.engine.completion import Completion
 from trace_service.lifecycle import FINISHED
 from trace_service.metrics import OTHER_JOBS, Metrics
+from trace_service.offload import off_loop
 from trace_service.predictor import OutcomeCounts, Query, Turn
 from trace_service.runtime import PredictorRuntime
 from trace_service.settings import Settings

@@ -19,10 +19,11 @@ from trace_service.allocation import (
     is_mixed,
     spread_evenly,
 )
-from trace_service.engine.common import Clock, IntArray, fresh_ids, off_loop
+from trace_service.engine.common import Clock, IntArray, fresh_ids
 from trace_service.engine.completion import Completion
 from trace_service.lifecycle import round_share
 from trace_service.metrics import Metrics
+from trace_service.offload import off_loop
 from trace_service.predictor import OutcomeCounts, Query
 from trace_service.runtime import PredictorRuntime
 from trace_service.settings import Settings

@@ -61,4 +61,4 @@ async def allocate(
 
     Repeating a request with the same `Idempotency-Key` returns the first answer.
     """
-    return await allocation.allocate(await validated(request, AllocateRequest), idempotency_key)
+    return await allocation.allocate(await validated(request, AllocateRequest, "prompts"), idempotency_key)

@@ -1,9 +1,9 @@
 from __future__ import annotations
 
-import re
+from typing import Annotated
 
 import pydantic_core
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 from pydantic import ValidationError
 
 from trace_proto import (
@@ -17,51 +17,28 @@ from trace_proto import (
 from trace_proto.v1 import limits, paths
 from trace_proto.v1.common import JobName
 from trace_service.deps import InstructionsDep, IntakeDep
-from trace_service.routers.body import documented, parsed
+from trace_service.routers.body import INLINE_BODY_BYTES, BodyShapeError, Parts, documented, parsed
 from trace_service.routers.responses import ERRORS
 
 router = APIRouter(tags=["expansion"])
 
-#: A JSON string, or one of the structural characters outside strings.
-_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}:,]', re.DOTALL)
 _SHAPE = 'body must be a JSON object {"events": [event, ...]} and nothing else'
+_COUNT = f"events must hold between 1 and {limits.MAX_EVENTS_PER_REQUEST} events"
 
 
-def event_elements(body: bytes) -> list[bytes] | None:
-    """The raw text of each element of ``events`` in a body shaped ``{"events": [...]}``, or None for
-    any other shape.  Only the structure around the elements is read (iteratively, strings skipped
-    whole): whatever one element holds, however deep, it is that element's problem alone."""
-    tokens = iter(_TOKEN.finditer(body))
-    position = 0
-
-    def next_token(expected: bytes) -> bool:
-        nonlocal position
-        token = next(tokens, None)
-        if token is None or token.group() != expected or body[position : token.start()].strip():
-            return False
-        position = token.end()
-        return True
-
-    if not (next_token(b"{") and next_token(b'"events"') and next_token(b":") and next_token(b"[")):
-        return None
-    elements: list[bytes] = []
-    depth, start = 0, position
-    for token in tokens:
-        mark = token.group()
-        if mark in (b"{", b"["):
-            depth += 1
-        elif mark in (b"}", b"]") and depth:
-            depth -= 1
-        elif mark == b"," and not depth:
-            elements.append(body[start : token.start()])
-            start = token.end()
-        elif mark == b"]":  # the end of the events array
-            last = body[start : token.start()]
-            if last.strip() or elements:
-                elements.append(last)
-            position = token.end()
-            return elements if next_token(b"}") and not body[position:].strip() else None
-    return None
+def event_elements(body: bytes) -> list[bytes]:
+    """The raw text of each element of ``events`` in a body shaped ``{"events": [...]}``; a 422 for any
+    other shape.  Only the structure around the elements is read, in linear time: whatever one element
+    holds, however deep or malformed, it is that element's problem alone."""
+    try:
+        parts = Parts(body, "events", limits.MAX_EVENTS_PER_REQUEST)
+    except BodyShapeError as error:
+        raise HTTPException(422, _COUNT if error.loc else _SHAPE) from None
+    if parts.head or parts.elements is None:
+        raise HTTPException(422, _SHAPE)
+    if not parts.elements:
+        raise HTTPException(422, _COUNT)
+    return parts.elements
 
 
 def _event_label(raw: bytes, index: int) -> str:
@@ -82,16 +59,14 @@ def _readable(text: str) -> str:
 
 def parse_events(body: bytes) -> tuple[list[ExpandEvent], list[RejectedEvent]]:
     """Validate each event on its own: one bad event is rejected with its reason, the others proceed.
-    A body that is valid as a whole (nearly every one) is validated in one pass from its bytes."""
-    try:
-        return ExpandRequest.model_validate_json(body).events, []
-    except ValidationError:
-        pass
+    A small body that is valid as a whole (nearly every one) is validated in one pass from its bytes;
+    a large one always event by event (:mod:`trace_service.routers.body`)."""
+    if len(body) <= INLINE_BODY_BYTES:
+        try:
+            return ExpandRequest.model_validate_json(body).events, []
+        except ValidationError:
+            pass
     raw_events = event_elements(body)
-    if raw_events is None:
-        raise HTTPException(422, _SHAPE)
-    if not 1 <= len(raw_events) <= limits.MAX_EVENTS_PER_REQUEST:
-        raise HTTPException(422, f"events must hold between 1 and {limits.MAX_EVENTS_PER_REQUEST} events")
     events, rejected = [], []
     for index, raw in enumerate(raw_events):
         try:
@@ -131,9 +106,11 @@ async def expand(request: Request, intake: IntakeDep) -> ExpandResponse:
 
 @router.get(paths.INSTRUCTIONS, response_model=InstructionsResponse, responses=ERRORS)
 async def claim_instructions(
-    instructions: InstructionsDep, job: JobName = "default", max: int = limits.DEFAULT_CLAIM
+    instructions: InstructionsDep,
+    job: JobName = "default",
+    max: Annotated[int, Query(ge=1, le=limits.MAX_CLAIM, description="Most instructions to claim.")] = (
+        limits.DEFAULT_CLAIM
+    ),
 ) -> InstructionsResponse:
     """Lease instructions nobody has started; unstarted ones are offered again after `lease_seconds`."""
-    if not 1 <= max <= limits.MAX_CLAIM:
-        raise HTTPException(422, f"max must be between 1 and {limits.MAX_CLAIM}")
     return await instructions.claim(job, max)

@@ -4,16 +4,28 @@ from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from trace_proto import Health, Ready
+from trace_proto import ErrorResponse, Health, Ready
 from trace_proto.v1 import paths
 from trace_service.deps import ReadinessDep, SettingsDep
+from trace_service.store.embedded import EmbeddedRedis
 
 router = APIRouter(tags=["operations"])
 
 
-@router.get(paths.HEALTH, response_model=Health)
-async def healthz() -> Health:
-    """Liveness: the process answers (no dependency is checked)."""
+@router.get(
+    paths.HEALTH,
+    response_model=Health,
+    responses={503: {"model": ErrorResponse, "description": "The embedded store cannot be brought back"}},
+)
+async def healthz(request: Request, settings: SettingsDep) -> Health:
+    """Liveness: the process answers.  An external store is not checked (restarting the service does
+    not bring a lost Redis back); the embedded store's own redis-server is, once the service has failed
+    to start it again for `store_heal_seconds`."""
+    embedded: EmbeddedRedis | None = request.app.state.embedded_store
+    if embedded is not None and (down := embedded.down_for()) > settings.store_heal_seconds:
+        raise HTTPException(
+            503, f"the embedded store's redis-server has been down for {down:.0f} s; see {embedded.data_dir}"
+        )
     return Health()
 
 

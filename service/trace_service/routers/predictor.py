@@ -22,5 +22,5 @@ async def predictor_info(predictor: PredictorDep) -> PredictorInfo:
 )
 async def predict(request: Request, predictions: PredictionsDep) -> PredictResponse:
     """Ṽ(H) for given histories (debugging and offline evaluation)."""
-    body = await validated(request, PredictRequest)
+    body = await validated(request, PredictRequest, "histories")
     return await predictions.predict(body.job, body.histories)

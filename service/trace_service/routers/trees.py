@@ -2,13 +2,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Path, Response
 
 from trace_proto import JobStats, TreeResponse
 from trace_proto.v1 import limits, paths
 from trace_proto.v1.common import JobName
 from trace_service.deps import StatsDep, TreesDep
-from trace_service.routers.responses import ERRORS, NOT_FOUND
+from trace_service.routers.responses import ERRORS, NOT_FOUND, json_in_parts
 
 router = APIRouter(tags=["trees"])
 
@@ -16,15 +16,15 @@ TreeId = Annotated[str, Path(min_length=1, max_length=limits.MAX_ID_LENGTH)]
 
 
 @router.get(paths.TREE, response_model=TreeResponse, responses={**ERRORS, **NOT_FOUND})
-async def get_tree(tree_id: TreeId, trees: TreesDep) -> TreeResponse:
+async def get_tree(tree_id: TreeId, trees: TreesDep) -> Response:
     """A tree with per-node visits, successes, value V̂, the prediction used, advantage and reward."""
-    return await trees.tree(tree_id)
+    return await json_in_parts(await trees.tree(tree_id), "nodes")
 
 
 @router.post(paths.TREE_CLOSE, response_model=TreeResponse, responses={**ERRORS, **NOT_FOUND})
-async def close_tree(tree_id: TreeId, trees: TreesDep) -> TreeResponse:
+async def close_tree(tree_id: TreeId, trees: TreesDep) -> Response:
     """Finish a tree early: it takes no more turns and its outstanding instructions are withdrawn."""
-    return await trees.close(tree_id)
+    return await json_in_parts(await trees.close(tree_id), "nodes")
 
 
 @router.get(paths.JOB_STATS, response_model=JobStats, responses={**ERRORS, **NOT_FOUND})

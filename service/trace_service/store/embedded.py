@@ -4,14 +4,16 @@ With no store URL the service still needs its state to outlive the process: tree
 and the trained predictor's weights.  When a ``redis-server`` binary is installed the service runs one
 on a Unix socket in the data directory, with its append-only file there.  Redis writes each command to
 that file before it answers, so an answered request survives a kill -9 of the service (the server
-keeps running and the next start adopts it) or of the server itself (the next start replays the
-file); only a crash of the machine can lose the last second (``appendfsync everysec``).  Without the
+keeps running and the next start adopts it) or of the server itself (:meth:`EmbeddedRedis.supervise`
+starts it again, which replays the file, while the service keeps running); only a crash of the machine
+can lose the last second (``appendfsync everysec``).  Without the
 binary the store is in-process and in memory (fakeredis), and the service says so at start.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -27,6 +29,10 @@ logger = logging.getLogger(__name__)
 _MAX_SOCKET_PATH = 107
 #: Seconds a starting redis-server may take to load its append-only file.
 _START_TIMEOUT = 120.0
+#: Seconds between looks at an adopted server (one this service did not start, so cannot wait on).
+_POLL_SECONDS = 0.5
+#: Seconds between attempts to start a server that failed to start.
+_RETRY_SECONDS = 1.0
 
 
 class EmbeddedRedis:
@@ -42,6 +48,8 @@ class EmbeddedRedis:
                 f"data directory {self.data_dir} is too long for a Unix socket path; pick a shorter one"
             )
         self.process: asyncio.subprocess.Process | None = None
+        self._adopted_pid: int | None = None
+        self._down_since: float | None = None
 
     @property
     def url(self) -> str:
@@ -51,8 +59,11 @@ class EmbeddedRedis:
         """Start (or adopt) the server and return its URL once it answers."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if await self._answers():
+            self._adopted_pid = await self._server_pid()
             logger.info("embedded store: adopting the redis-server already serving %s", self.socket)
             return self.url
+        self._adopted_pid = None
+        self.process = None
         self.socket.unlink(missing_ok=True)
         self.process = await asyncio.create_subprocess_exec(
             *[
@@ -85,6 +96,75 @@ class EmbeddedRedis:
             await asyncio.sleep(0.05)
         logger.info("embedded store: redis-server persisting to %s", self.data_dir)
         return self.url
+
+    def down_for(self) -> float:
+        """Seconds since the server was last seen gone without coming back (0 while it serves)."""
+        return 0.0 if self._down_since is None else time.monotonic() - self._down_since
+
+    async def supervise(self, stop: asyncio.Event) -> None:
+        """Until ``stop``: whenever the server exits (killed, crashed, out of memory), start it again
+        from its append-only file; the service's clients reconnect on their next call.  While it is
+        down, :meth:`down_for` grows, which ``/healthz`` reports once it passes its bound."""
+        while not stop.is_set():
+            await self._until_exit(stop)
+            if stop.is_set():
+                return
+            self._down_since = self._down_since or time.monotonic()
+            logger.error("embedded store: redis-server is gone; starting it again from %s", self.data_dir)
+            try:
+                await self.start()
+            except (OSError, RuntimeError, TimeoutError) as error:
+                logger.error("embedded store: could not start redis-server: %s", error)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), _RETRY_SECONDS)
+                continue
+            logger.warning(
+                "embedded store: redis-server serving again after %.1f s, nothing answered lost",
+                self.down_for(),
+            )
+            self._down_since = None
+
+    async def _until_exit(self, stop: asyncio.Event) -> None:
+        """Return once the server this service runs (or adopted) has exited, or ``stop`` is set."""
+        stopping = asyncio.ensure_future(stop.wait())
+        exiting = asyncio.ensure_future(self._exit())
+        try:
+            await asyncio.wait([stopping, exiting], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            exiting.cancel()
+
+    async def _exit(self) -> None:
+        if self.process is not None:
+            await self.process.wait()
+            return
+        # An adopted server is not this process's child, and no event tells of its exit: look at its pid
+        # (or, unknown, whether it answers) every so often.
+        while True:
+            pid = self._adopted_pid
+            if not (self._alive(pid) if pid is not None else await self._answers()):
+                return
+            await asyncio.sleep(_POLL_SECONDS)
+
+    @staticmethod
+    def _alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # alive, another user's
+            return True
+        return True
+
+    async def _server_pid(self) -> int | None:
+        client = Redis(unix_socket_path=str(self.socket), socket_connect_timeout=1)
+        try:
+            info = await client.info("server")
+            return int(info["process_id"])
+        except (RedisError, OSError, KeyError, ValueError):
+            return None
+        finally:
+            await client.aclose()
 
     async def stop(self) -> None:
         """Shut the server down cleanly (its append-only file flushed), whoever started it."""

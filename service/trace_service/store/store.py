@@ -21,6 +21,7 @@ from trace_proto import ExpandEvent
 from trace_proto.v1.limits import MAX_TURNS_PER_HISTORY
 from trace_service.allocation import Reserve
 from trace_service.lifecycle import TreeStatus
+from trace_service.offload import off_loop
 from trace_service.store.keys import KeySpace
 from trace_service.store.records import (
     AllocationCounts,
@@ -36,6 +37,8 @@ from trace_service.store.runner import RedisClient, ScriptCall, ScriptRunner, te
 
 #: Trees one create_trees.lua call makes on a single Redis node (bounds the script's run time).
 _TREES_PER_CREATE = 512
+#: Keys one DEL removes (bounds the command's run time).
+_KEYS_PER_DELETE = 1_000
 
 
 def _event_row(event: ExpandEvent) -> list[Any]:
@@ -125,6 +128,14 @@ class TreeStore:
             + writes(self.keys.steps_info(job), ttl, "HSET", [step_info, counts])
             + writes(self.keys.jobs, ttl, "ZADD", [now, job])
         )
+
+    async def discard_allocation(self, job: str, allocation_id: str, tree_ids: Sequence[str]) -> None:
+        """Delete the trees and reserve of an allocation that was never answered nor listed (the loser of
+        an idempotency race): nobody holds their ids, so nothing could ever finish them."""
+        keys = [self.keys.tree(tree_id).meta for tree_id in tree_ids]
+        keys.append(self.keys.continuation_reserve(job, allocation_id))
+        for start in range(0, len(keys), _KEYS_PER_DELETE):
+            await self.redis.delete(*keys[start : start + _KEYS_PER_DELETE])
 
     async def create_reserve(self, job: str, allocation_id: str, reserve: Reserve) -> None:
         """Create an allocation's shared continuation reserve (once; it expires with the job's keys)."""
@@ -338,7 +349,11 @@ class TreeStore:
     async def load_tree(self, tree_id: str) -> StoredTree | None:
         keys = self.keys.tree(tree_id)
         call = ScriptCall("load_tree", [keys.meta, keys.nodes, keys.instructions, keys.predictions], [])
-        return StoredTree.from_hashes(tree_id, *await self.scripts.run(call))
+        meta, nodes, instructions, predictions = await self.scripts.run(call)
+        # Parsing a large tree's nodes takes a second per hundred thousand: beside the loop.
+        return await off_loop(
+            len(nodes) // 2, StoredTree.from_hashes, tree_id, meta, nodes, instructions, predictions
+        )
 
     async def jobs(self) -> list[str]:
         return [text(job) for job in await self.redis.zrange(self.keys.jobs, 0, -1)]
