@@ -41,6 +41,9 @@ logger = logging.getLogger(__name__)
 
 #: Seconds a thread holding the GIL runs before another that waits for it may take it.
 _SWITCH_INTERVAL = 0.0005
+#: The cyclic collector's thresholds: allocations before a young collection, then young collections
+#: before a middle one and middle ones before a full one (CPython's defaults: 700, 10, 10).
+_GC_THRESHOLDS = (10_000, 10, 100)
 
 
 async def _every(
@@ -111,6 +114,11 @@ def create_app(settings: Settings | None = None, *, store: TreeStore | None = No
         # kept out of the cyclic collector, it no longer makes every full collection a ~200 ms pause.
         gc.collect()
         gc.freeze()
+        # A large tree keeps hundreds of thousands of objects alive while it is worked on, and every full
+        # collection meanwhile walks them all (a quarter of a second, in whatever thread runs it). Far
+        # fewer collections of the older generations: those pauses become rare.
+        thresholds = gc.get_threshold()
+        gc.set_threshold(*_GC_THRESHOLDS)
         # CPU work runs in worker threads; the event loop waits for the GIL after each of its
         # system calls, up to the switch interval each time: 0.5 ms instead of 5 keeps /healthz fast.
         switch_interval = sys.getswitchinterval()
@@ -147,6 +155,7 @@ def create_app(settings: Settings | None = None, *, store: TreeStore | None = No
                 metrics_server.shutdown()
                 metrics_server.server_close()
             gc.unfreeze()
+            gc.set_threshold(*thresholds)
             sys.setswitchinterval(switch_interval)
 
     app = FastAPI(

@@ -19,7 +19,6 @@ import numpy.typing as npt
 
 from trace_proto import PredictorInfo, PriorInfo
 from trace_service.metrics import Metrics
-from trace_service.offload import off_loop
 from trace_service.predictor import (
     CheckpointError,
     EncodedHistory,
@@ -27,6 +26,7 @@ from trace_service.predictor import (
     OutcomeCounts,
     Predictive,
     PredictorConfig,
+    PredictorDiagnostics,
     Query,
     RootGroup,
     SuccessPredictor,
@@ -198,12 +198,9 @@ class PredictorRuntime:
         tree_ids = await self.store.pop_completed(512)
         added = 0
         for tree_id in tree_ids:
-            tree = await self.store.load_tree(tree_id)
-            if tree is None:
-                continue
             try:
-                # Encoding every node of a large tree takes seconds: beside the loop.
-                added += await off_loop(len(tree.nodes), self._learn_from, tree)
+                # Encoding every node of a large tree takes seconds: beside the loop, as its parsing.
+                added += await self.store.with_tree(tree_id, self._learn_from) or 0
             except ValueError as error:  # a malformed tree must not stop training on the others
                 logger.warning("skipping tree %s for training: %s", tree_id, error)
         if added:
@@ -215,7 +212,7 @@ class PredictorRuntime:
         if result.steps:
             blob = await asyncio.to_thread(self.predictor.to_bytes)
             await self.store.publish_weights(result.version, blob)
-            self._observe()
+            await self._observe()
 
     async def _load_newer(self) -> None:
         if await self.store.weights_version() <= self.predictor.version:
@@ -231,10 +228,10 @@ class PredictorRuntime:
                 "published predictor weights v%s rejected, keeping v%s: %s", published[0], self.version, error
             )
             return
-        self._observe()
+        await self._observe()
 
-    def _observe(self) -> None:
-        report = self.predictor.diagnostics()
+    async def _observe(self) -> None:
+        report = await self._diagnostics()
         calibration = self.predictor.calibration
         self.metrics.observe_predictor(
             version=report.version,
@@ -246,8 +243,12 @@ class PredictorRuntime:
             freshness=self.predictor.freshness,
         )
 
-    def info(self) -> PredictorInfo:
-        report = self.predictor.diagnostics()
+    async def _diagnostics(self) -> PredictorDiagnostics:
+        """The held-out diagnostics: a forward pass over every held-out example, beside the loop."""
+        return await asyncio.to_thread(self.predictor.diagnostics)
+
+    async def info(self) -> PredictorInfo:
+        report = await self._diagnostics()
         calibration = self.predictor.calibration
         return PredictorInfo(
             version=report.version,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from engine_support import Wired
 from support import rollout, turn
 
-from trace_proto import AllocateRequest, Policy, PromptIn, TreeAllocation
+from trace_proto import AllocateRequest, Policy, PromptIn, TreeAllocation, TreeResponse
 
 
 async def one_tree(wired: Wired, budget: int = 2, expansion: float = 1.0) -> TreeAllocation:
@@ -25,7 +25,7 @@ async def test_one_bad_event_is_refused_and_the_good_ones_around_it_are_recorded
     assert (answer.accepted, answer.duplicates) == (2, 0)
     assert [(r.event_id, r.status) for r in answer.rejected] == [(bad.event_id, 422), (unknown.event_id, 404)]
     assert "feature_dim=0" in answer.rejected[0].error
-    exported = await wired.engine.trees.tree(tree.tree_id)
+    exported = TreeResponse.model_validate_json(await wired.engine.trees.tree(tree.tree_id))
     assert [node.node_id for node in exported.nodes] == [good[0].node_id, good[1].node_id]
     assert wired.sample("trace_expand_events_total", {"outcome": "rejected"}) == 2
     # The same events again are acknowledged as duplicates, not recorded twice.

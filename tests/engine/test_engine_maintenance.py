@@ -6,7 +6,7 @@ import pytest
 from engine_support import Wired
 from support import rollout
 
-from trace_proto import AllocateRequest, Policy, PromptIn, TreeStatus
+from trace_proto import AllocateRequest, Policy, PromptIn, TreeResponse, TreeStatus
 from trace_service.engine import NotFoundError
 
 
@@ -71,11 +71,13 @@ async def test_closing_a_tree_withdraws_its_instructions_and_finishes_it(wired: 
     events = rollout(tree_id, None, 2, 1.0) + rollout(tree_id, None, 2, 0.0)
     issued = (await wired.engine.intake.expand(events)).instructions
     assert issued
-    closed = await wired.engine.trees.close(tree_id)
+    closed = TreeResponse.model_validate_json(await wired.engine.trees.close(tree_id))
     assert closed.status is TreeStatus.CLOSED and len(closed.nodes) == 4
     wired.clock.advance(wired.settings.lease_seconds + 1)
     assert (await wired.engine.instructions.claim("default", 10)).instructions == []
-    assert (await wired.engine.trees.close(tree_id)).status is TreeStatus.CLOSED  # closing again
+    assert (
+        TreeResponse.model_validate_json(await wired.engine.trees.close(tree_id)).status is TreeStatus.CLOSED
+    )  # closing again
     assert await open_trees(wired) == {other}
     with pytest.raises(NotFoundError, match="no-such-tree"):
         await wired.engine.trees.close("no-such-tree")

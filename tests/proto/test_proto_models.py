@@ -1,5 +1,6 @@
 """Validation rules of the v1 models: each rule with inputs that pass and inputs that fail clearly."""
 
+import json
 import math
 from typing import Any
 
@@ -99,7 +100,7 @@ def test_allocate_request_accepts_a_full_request() -> None:
         ({"step": -1}, "step: Input should be greater than or equal to 0"),
         ({"step": "5"}, "step: Input should be a valid integer"),
         ({"step": True}, "step: Input should be a valid integer"),
-        ({"step": 1.0}, "step: Input should be a valid integer"),
+        ({"step": 1.5}, "step: Input should be a valid integer"),
         ({"budget": -1}, "budget: Input should be greater than or equal to 0"),
         (
             {"budget": limits.MAX_BUDGET + 1},
@@ -179,6 +180,14 @@ def test_requests_are_immutable() -> None:
     request = AllocateRequest.model_validate(allocate_request())
     with pytest.raises(ValidationError, match="frozen"):
         request.budget = 99  # type: ignore[misc]
+
+
+def test_allocate_request_takes_integral_floats_as_integers() -> None:
+    """JSON Schema's "integer" includes 4.0, so the request's integers do too (a JSON encoder may write
+    any number with a fraction); 4.5 stays an error (above)."""
+    request = AllocateRequest.model_validate_json(json.dumps(allocate_request(step=3.0, budget=3959.0)))
+    assert (request.step, request.budget) == (3, 3959)
+    assert isinstance(request.budget, int)
 
 
 def event(**overrides: Any) -> dict[str, Any]:

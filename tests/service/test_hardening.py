@@ -16,7 +16,7 @@ import pytest
 from support import make_settings, rollout, turn
 
 from trace_client.local import ThreadedService, free_port
-from trace_proto import AllocateRequest, Policy, PromptIn
+from trace_proto import AllocateRequest, Policy, PromptIn, TreeResponse
 from trace_proto.v1 import limits
 from trace_service.app import create_app
 from trace_service.engine import Engine, IdempotencyConflictError
@@ -72,7 +72,7 @@ async def test_a_stage2_decision_that_fails_falls_back_and_is_counted(store_url:
         )
         assert batch.decision_round == 1
         assert await engine.sweeper.sweep() == 1  # the lapsed claim is decided, by the fallback
-        exported = await engine.trees.tree(tree.tree_id)
+        exported = TreeResponse.model_validate_json(await engine.trees.tree(tree.tree_id))
         assert exported.status == "expanding"
         meta = (await engine.store.load_metas([tree.tree_id]))[0]
         assert meta is not None
@@ -283,7 +283,7 @@ async def test_a_node_reported_again_with_other_content_is_a_conflict(store_url:
             changed = first.model_copy(update={"event_id": f"changed{n}", **change})
             answer = await engine.intake.expand([changed])
             assert [r.status for r in answer.rejected] == [409], answer
-        exported = await engine.trees.tree(allocation.trees[0].tree_id)
+        exported = TreeResponse.model_validate_json(await engine.trees.tree(allocation.trees[0].tree_id))
         assert len(exported.nodes) == 1
 
 

@@ -6,7 +6,7 @@ from trace_proto import Instruction, InstructionsResponse
 from trace_service.engine.common import Clock
 from trace_service.metrics import OTHER_JOBS, Metrics
 from trace_service.settings import Settings
-from trace_service.store import StoredTree, TreeStore
+from trace_service.store import StoredInstruction, StoredTree, TreeStore
 
 
 class Instructions:
@@ -24,13 +24,15 @@ class Instructions:
         claimed = await self.store.claim_instructions(job, max_items=max_items, lease=lease, now=now)
         instructions: list[Instruction] = []
         finished: list[tuple[str, str]] = []
-        trees: dict[str, StoredTree | None] = {}
+        # Of each tree, what a claim reads: its instructions while it is not finished (a large tree is
+        # read beside the loop).
+        trees: dict[str, dict[str, StoredInstruction] | None] = {}
         for tree_id, instruction_id, offered_until in claimed:
             if tree_id not in trees:
-                trees[tree_id] = await self.store.load_tree(tree_id)
-            tree = trees[tree_id]
-            stored = tree.instructions.get(instruction_id) if tree else None
-            if tree is None or stored is None or stored.unstarted <= 0 or tree.meta.finished:
+                trees[tree_id] = await self.store.with_tree(tree_id, _open_instructions)
+            open_instructions = trees[tree_id]
+            stored = open_instructions.get(instruction_id) if open_instructions else None
+            if stored is None or stored.unstarted <= 0:
                 finished.append((tree_id, instruction_id))
                 continue
             if offered_until > stored.created_at + 1e-6:
@@ -48,3 +50,8 @@ class Instructions:
         if (label := self.metrics.job_label(job)) != OTHER_JOBS:  # a gauge shared by jobs would mean nothing
             self.metrics.instruction_backlog.labels(label).set(backlog)
         return InstructionsResponse(instructions=instructions, lease_seconds=lease)
+
+
+def _open_instructions(tree: StoredTree) -> dict[str, StoredInstruction]:
+    """A tree's instructions, none once the tree is finished."""
+    return {} if tree.meta.finished else tree.instructions

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from pydantic import TypeAdapter
 
 from trace_proto import HistoryIn, JobStats, PredictResponse, StepStats, TreeNode, TreeResponse
 from trace_service.engine.common import Clock, NotFoundError
@@ -20,7 +21,7 @@ from trace_service.tree import advantages
 
 
 class Trees:
-    """GET /v1/trees/{id} and POST /v1/trees/{id}/close."""
+    """GET /v1/trees/{id} and POST /v1/trees/{id}/close, answered as the JSON of a ``TreeResponse``."""
 
     def __init__(self, store: TreeStore, settings: Settings, completion: Completion, clock: Clock) -> None:
         self.store = store
@@ -28,23 +29,30 @@ class Trees:
         self.completion = completion
         self.clock = clock
 
-    async def tree(self, tree_id: str) -> TreeResponse:
-        tree = await self.store.load_tree(tree_id)
-        if tree is None:
+    async def tree(self, tree_id: str) -> bytes:
+        threshold = self.settings.success_threshold
+        exported = await self.store.with_tree(tree_id, lambda tree: export_tree(tree, threshold))
+        if exported is None:
             raise NotFoundError(f"unknown tree {tree_id!r} (it may have expired)")
-        return await off_loop(len(tree.nodes), export_tree, tree, self.settings.success_threshold)
+        return exported
 
-    async def close(self, tree_id: str) -> TreeResponse:
+    async def close(self, tree_id: str) -> bytes:
         before = await self.store.close_tree(tree_id, self.clock())
         if before is None:
             raise NotFoundError(f"unknown tree {tree_id!r} (it may have expired)")
-        tree = await self.store.load_tree(tree_id)
-        if tree is None:
+        threshold = self.settings.success_threshold
+
+        def closing(tree: StoredTree) -> tuple[bytes, str, list[str]]:
+            return export_tree(tree, threshold), tree.meta.job, list(tree.instructions)
+
+        closed = await self.store.with_tree(tree_id, closing)
+        if closed is None:
             raise NotFoundError(f"unknown tree {tree_id!r} (it may have expired)")
+        exported, job, instructions = closed
         if before not in FINISHED:
-            await self.store.dequeue_instructions(tree.meta.job, [(tree_id, i) for i in tree.instructions])
+            await self.store.dequeue_instructions(job, [(tree_id, i) for i in instructions])
             await self.completion.completed(tree_id)
-        return await off_loop(len(tree.nodes), export_tree, tree, self.settings.success_threshold)
+        return exported
 
 
 class JobStatistics:
@@ -139,8 +147,15 @@ class Predictions:
         return PredictResponse(predictor_version=version, predictions=[float(x) for x in values])
 
 
-def export_tree(tree: StoredTree, success_threshold: float) -> TreeResponse:
-    """The tree as trainers consume it: per node visits, successes, V̂, Ṽ at decision time, advantage."""
+#: Nodes built and serialised per call: none of their objects outlives the call (a large tree's would
+#: otherwise cost the garbage collector full collections), and no call holds the interpreter for long.
+_NODES_PER_PART = 2048
+_NODE_LIST = TypeAdapter(list[TreeNode])
+
+
+def export_tree(tree: StoredTree, success_threshold: float) -> bytes:
+    """The tree as trainers consume it, as the JSON of a ``TreeResponse``: per node visits, successes,
+    V̂, Ṽ at decision time, advantage.  The nodes are built and serialised a slice at a time."""
     meta = tree.meta
     targets = tree.targets(success_threshold)
     advantage = advantages(tree.parent_indices(), targets)
@@ -148,17 +163,8 @@ def export_tree(tree: StoredTree, success_threshold: float) -> TreeResponse:
     def defined(value: float) -> float | None:
         return None if np.isnan(value) else float(value)
 
-    return TreeResponse(
-        tree_id=meta.tree_id,
-        prompt_id=meta.prompt_id,
-        job=meta.job,
-        step=meta.step,
-        status=meta.status,
-        mixed=targets.mixed,
-        rollouts=meta.rollouts,
-        expansion_budget=meta.expansion_budget,
-        value=defined(targets.root_value),
-        nodes=[
+    def part(start: int) -> bytes:
+        nodes = [
             TreeNode(
                 node_id=node.node_id,
                 parent_id=node.parent_id,
@@ -171,6 +177,22 @@ def export_tree(tree: StoredTree, success_threshold: float) -> TreeResponse:
                 reward=node.reward,
                 instruction_id=node.instruction_id,
             )
-            for i, node in enumerate(tree.nodes)
-        ],
+            for i, node in enumerate(tree.nodes[start : start + _NODES_PER_PART], start)
+        ]
+        return _NODE_LIST.dump_json(nodes)[1:-1]
+
+    head = TreeResponse(
+        tree_id=meta.tree_id,
+        prompt_id=meta.prompt_id,
+        job=meta.job,
+        step=meta.step,
+        status=meta.status,
+        mixed=targets.mixed,
+        rollouts=meta.rollouts,
+        expansion_budget=meta.expansion_budget,
+        value=defined(targets.root_value),
+        nodes=[],
     )
+    parts = [part(start) for start in range(0, len(tree.nodes), _NODES_PER_PART)]
+    # nodes is the response's last field: its members, then the nodes.
+    return head.model_dump_json(exclude={"nodes"}).encode()[:-1] + b',"nodes":[' + b",".join(parts) + b"]}"

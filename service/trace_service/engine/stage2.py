@@ -23,7 +23,7 @@ from trace_service.engine.common import Clock, IntArray, fresh_ids
 from trace_service.engine.completion import Completion
 from trace_service.lifecycle import round_share
 from trace_service.metrics import Metrics
-from trace_service.offload import off_loop
+from trace_service.offload import off_loop, release
 from trace_service.predictor import OutcomeCounts, Query
 from trace_service.runtime import PredictorRuntime
 from trace_service.settings import Settings
@@ -60,15 +60,27 @@ class Stage2:
     ) -> tuple[list[Instruction], bool]:
         """Run Stage 2 round ``round_`` for one tree under the claim ``token``; record its instructions.
 
-        ``tree`` is the tree as the claim saw it, when the caller has it (else it is loaded).
-        ``inline`` instructions go back to the worker whose events triggered them, so they start leased
-        to it; others are free to claim at once.  A failure here loses nothing: the claim lapses and
-        the sweeper decides the round again.
+        ``tree`` is the tree as the claim saw it, when the caller has it (else it is loaded, and freed
+        beside the loop when large).  ``inline`` instructions go back to the worker whose events
+        triggered them, so they start leased to it; others are free to claim at once.  A failure here
+        loses nothing: the claim lapses and the sweeper decides the round again.
         """
+        if tree is not None:
+            return await self._decide(tree_id, round_, token, inline, tree)
+        loaded = await self.store.load_tree(tree_id)
+        if loaded is None:
+            return [], False
+        size, holder = len(loaded.nodes), [loaded]
+        del loaded
+        try:
+            return await self._decide(tree_id, round_, token, inline, holder[0])
+        finally:
+            await release(size, holder)
+
+    async def _decide(
+        self, tree_id: str, round_: int, token: str, inline: bool, tree: StoredTree
+    ) -> tuple[list[Instruction], bool]:
         with self.metrics.stage2_duration.time():
-            tree = tree or await self.store.load_tree(tree_id)
-            if tree is None:
-                return [], False
             budget = None
             sharing = POLICIES[Policy(tree.meta.policy)].sharing
             if round_ == 1 and sharing is not None:

@@ -14,7 +14,7 @@ router = APIRouter(tags=["predictor"])
 @router.get(paths.PREDICTOR, response_model=PredictorInfo, responses=ERRORS)
 async def predictor_info(predictor: PredictorDep) -> PredictorInfo:
     """Version, examples seen and held-out quality (Brier, ECE, Spearman overall and by depth)."""
-    return predictor.info()
+    return await predictor.info()
 
 
 @router.post(

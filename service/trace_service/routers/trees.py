@@ -8,7 +8,7 @@ from trace_proto import JobStats, TreeResponse
 from trace_proto.v1 import limits, paths
 from trace_proto.v1.common import JobName
 from trace_service.deps import StatsDep, TreesDep
-from trace_service.routers.responses import ERRORS, NOT_FOUND, json_in_parts
+from trace_service.routers.responses import ERRORS, NOT_FOUND
 
 router = APIRouter(tags=["trees"])
 
@@ -18,13 +18,13 @@ TreeId = Annotated[str, Path(min_length=1, max_length=limits.MAX_ID_LENGTH)]
 @router.get(paths.TREE, response_model=TreeResponse, responses={**ERRORS, **NOT_FOUND})
 async def get_tree(tree_id: TreeId, trees: TreesDep) -> Response:
     """A tree with per-node visits, successes, value V̂, the prediction used, advantage and reward."""
-    return await json_in_parts(await trees.tree(tree_id), "nodes")
+    return Response(await trees.tree(tree_id), media_type="application/json")
 
 
 @router.post(paths.TREE_CLOSE, response_model=TreeResponse, responses={**ERRORS, **NOT_FOUND})
 async def close_tree(tree_id: TreeId, trees: TreesDep) -> Response:
     """Finish a tree early: it takes no more turns and its outstanding instructions are withdrawn."""
-    return await json_in_parts(await trees.close(tree_id), "nodes")
+    return Response(await trees.close(tree_id), media_type="application/json")
 
 
 @router.get(paths.JOB_STATS, response_model=JobStats, responses={**ERRORS, **NOT_FOUND})
