@@ -130,6 +130,39 @@ def hostile_bodies(size: int, route: str = "/v1/expand") -> dict[str, bytes]:
     }
 
 
+def allocate_one_tree(client: httpx.Client, rollouts: int) -> str:
+    """Allocate one prompt exactly ``rollouts`` bare rollouts and no continuations; its tree's id."""
+    allocation = client.post(
+        "/v1/allocate",
+        json={
+            "step": 0,
+            "budget": rollouts,
+            "min_rollouts": rollouts,
+            "max_rollouts": rollouts,
+            "expansion": 0.0,
+            "policy": "uniform",
+            "prompts": [{"prompt_id": "large", "text": "a task with many long rollouts"}],
+        },
+    ).json()
+    return str(allocation["trees"][0]["tree_id"])
+
+
+def turn_events(tree_id: str, depth: int, rollouts: range, *, last: int) -> list[dict[str, object]]:
+    """The events of turn ``depth`` (0-based) of each rollout in ``rollouts``; turn ``last`` ends each
+    rollout, every other one a success."""
+    return [
+        {
+            "event_id": f"{j}-{depth}",
+            "tree_id": tree_id,
+            "node_id": f"n{j}-{depth}",
+            "parent_id": f"n{j}-{depth - 1}" if depth else None,
+            "text": f"turn {depth}: called a tool, observed {j * depth % 97}",
+            **({"done": True, "reward": float(j % 2)} if depth == last else {}),
+        }
+        for j in rollouts
+    ]
+
+
 def parse_size(text: str) -> int:
     units = {"K": 1 << 10, "M": 1 << 20}
     return int(float(text[:-1]) * units[text[-1].upper()]) if text[-1].upper() in units else int(text)
@@ -221,40 +254,12 @@ class Bench:
             HealthProbe(self.url, timeout) as probe,
         ):
             version = client.get("/v1/predictor").json()["version"]
-            allocation = client.post(
-                "/v1/allocate",
-                json={
-                    "step": 0,
-                    "budget": rollouts,
-                    "min_rollouts": rollouts,
-                    "max_rollouts": rollouts,
-                    "expansion": 0.0,
-                    "policy": "uniform",
-                    "prompts": [{"prompt_id": "large", "text": "a task with many long rollouts"}],
-                },
-            ).json()
-            tree_id = allocation["trees"][0]["tree_id"]
-            events = (
-                {
-                    "event_id": f"{j}-{d}",
-                    "tree_id": tree_id,
-                    "node_id": f"n{j}-{d}",
-                    "parent_id": f"n{j}-{d - 1}" if d else None,
-                    "text": f"turn {d}: called a tool, observed {j * d % 97}",
-                    **({"done": True, "reward": float(j % 2)} if d == depth - 1 else {}),
-                }
-                for d in range(depth)
-                for j in range(rollouts)
-            )
+            tree_id = allocate_one_tree(client, rollouts)
             start = time.monotonic()
-            batch: list[dict[str, object]] = []
-            for event in events:
-                batch.append(event)
-                if len(batch) == 4096:
+            for d in range(depth):
+                for first in range(0, rollouts, 4096):
+                    batch = turn_events(tree_id, d, range(first, min(rollouts, first + 4096)), last=depth - 1)
                     client.post("/v1/expand", json={"events": batch}).raise_for_status()
-                    batch = []
-            if batch:
-                client.post("/v1/expand", json={"events": batch}).raise_for_status()
             applied = time.monotonic()
             self.rows.append(
                 Row(

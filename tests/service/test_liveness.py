@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.liveness import ROUTES, HealthProbe, hostile_bodies
+from bench.liveness import ROUTES, HealthProbe, allocate_one_tree, hostile_bodies, turn_events
 from trace_client.local import RedisServer, ServiceProcess
 
 #: The service's body limit here: the large bodies are as large as it allows.
@@ -73,31 +73,9 @@ def test_a_large_tree_is_trained_on_and_read_without_stalling(live: ServiceProce
     rollouts, depth = 1024, 24
     with httpx.Client(base_url=live.url, timeout=120) as client, HealthProbe(live.url, 120) as probe:
         version = client.get("/v1/predictor").json()["version"]
-        allocation = client.post(
-            "/v1/allocate",
-            json={
-                "step": 0,
-                "budget": rollouts,
-                "min_rollouts": rollouts,
-                "max_rollouts": rollouts,
-                "expansion": 0.0,
-                "policy": "uniform",
-                "prompts": [{"prompt_id": "large", "text": "many long rollouts"}],
-            },
-        ).json()
-        tree_id = allocation["trees"][0]["tree_id"]
+        tree_id = allocate_one_tree(client, rollouts)
         for d in range(depth):
-            events = [
-                {
-                    "event_id": f"{j}-{d}",
-                    "tree_id": tree_id,
-                    "node_id": f"n{j}-{d}",
-                    "parent_id": f"n{j}-{d - 1}" if d else None,
-                    "text": f"turn {d} of {j}",
-                    **({"done": True, "reward": float(j % 2)} if d == depth - 1 else {}),
-                }
-                for j in range(rollouts)
-            ]
+            events = turn_events(tree_id, d, range(rollouts), last=depth - 1)
             start = time.monotonic()
             answer = client.post("/v1/expand", json={"events": events}).json()
             assert answer["accepted"] == rollouts
