@@ -441,23 +441,7 @@ class ServiceArm(ArmRun):
         )
 
     async def wait_for_training(self, patience: float) -> None:
-        """Until the predictor has trained on this step's trees (at most `patience` seconds). The service
-        trains in the background, a round every TRAIN_INTERVAL_SECONDS on the trees completed since the
-        last; every tree is complete now, so the next new version has seen them all, and when nothing
-        is ingested for two intervals, the last round already had them."""
-        before = await self.client.predictor_info()
-        now = time.monotonic()
-        deadline, quiet_until = now + patience, now + 2 * TRAIN_INTERVAL_SECONDS
-        while time.monotonic() < deadline:
-            # Not faster: each GET /v1/predictor scores the predictor's held-out trees.
-            await asyncio.sleep(TRAIN_INTERVAL_SECONDS)
-            info = await self.client.predictor_info()
-            if info.version > before.version:
-                return
-            if info.examples_seen != before.examples_seen:
-                quiet_until = deadline  # a round is training on new trees: wait for its version
-            elif time.monotonic() > quiet_until:
-                return
+        await wait_for_training(self.client, patience)
 
 
 class _TrueProbabilities:
@@ -518,16 +502,35 @@ class OracleArm(ArmRun):
         return StepOutcome(turns, result.rollouts, result.turns, result.mixed, result.active)
 
 
+async def wait_for_training(client: AsyncTraceClient, patience: float) -> None:
+    """Until the predictor has trained on the step's trees (at most `patience` seconds). The service
+    trains in the background, a round every TRAIN_INTERVAL_SECONDS on the trees completed since the
+    last; every tree is complete now, so the next new version has seen them all, and when nothing
+    is ingested for two intervals, the last round already had them."""
+    before = await client.predictor_info()
+    now = time.monotonic()
+    deadline, quiet_until = now + patience, now + 2 * TRAIN_INTERVAL_SECONDS
+    while time.monotonic() < deadline:
+        # Not faster: each GET /v1/predictor scores the predictor's held-out trees.
+        await asyncio.sleep(TRAIN_INTERVAL_SECONDS)
+        info = await client.predictor_info()
+        if info.version > before.version:
+            return
+        if info.examples_seen != before.examples_seen:
+            quiet_until = deadline  # a round is training on new trees: wait for its version
+        elif time.monotonic() > quiet_until:
+            return
+
+
 # --- one family and seed -------------------------------------------------------------------------------
 
 
-def service_settings(prefix: str, workload: PolicyWorkload, *, trainer: bool) -> dict[str, str]:
-    features = workload.prompts[0].features
+def service_settings(prefix: str, feature_dim: int, *, trainer: bool) -> dict[str, str]:
     return {
         **SERVICE_SETTINGS,
         "TRACE_STORE_PREFIX": prefix,
         "TRACE_TRAINER": str(trainer).lower(),
-        "TRACE_PREDICTOR_FEATURE_DIM": str(0 if features is None else len(features)),
+        "TRACE_PREDICTOR_FEATURE_DIM": str(feature_dim),
     }
 
 
@@ -540,17 +543,19 @@ def start_services(
     template: PolicyWorkload,
 ) -> dict[str, ServiceProcess]:
     """The service process of each arm that allocates through the service (module docstring)."""
+    features = template.prompts[0].features
+    feature_dim = 0 if features is None else len(features)
     shared = None
     services = {}
     for arm in arms:
         if arm.policy is None:
             continue
         if arm.reads_predictor:
-            settings = service_settings(f"learn-{family}-{seed}-{arm.name}", template, trainer=True)
+            settings = service_settings(f"learn-{family}-{seed}-{arm.name}", feature_dim, trainer=True)
             services[arm.name] = ServiceProcess(redis.url, directory, settings).start()
             continue
         if shared is None:
-            settings = service_settings(f"learn-{family}-{seed}-shared", template, trainer=False)
+            settings = service_settings(f"learn-{family}-{seed}-shared", feature_dim, trainer=False)
             shared = ServiceProcess(redis.url, directory, settings).start()
         services[arm.name] = shared
     return services

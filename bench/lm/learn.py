@@ -1,0 +1,641 @@
+"""A language-model learner through the real service: held-out accuracy per generated token, per arm.
+
+    python -m bench.lm.learn            # arithmetic: uniform, dapo, trace_paper, trace; one seed
+    python -m bench.lm.learn --quick    # a smoke run of about a minute
+    python -m bench.lm.learn --task arithmetic,lookup --seeds 3 \\
+        --arms uniform,dapo,greso,knapsack,trace_paper,trace   # the full matrix
+
+The policy is a small decoder-only transformer over characters (`bench.lm.model`), warm-started by
+supervised training on noisy demonstrations of the task (cached per task, seed and configuration in
+`bench/results/lm-cache/`, so every arm starts from the same weights), then trained by GRPO-style policy
+gradient over tokens. Its rollouts run as the worker callables of `trace_client.driver` against
+`trace-rollout serve` over HTTP with the embedded store, exactly as a trainer would use the service: the
+predictor, the store, Stage 1 and Stage 2 all take part. Every arm whose policy reads the predictor gets
+its own service process (its predictor learns from that arm's trees only); the others share one.
+
+A step of an arm: the pool (B prompts of the task's training stream, the same for every arm) is
+allocated with the arm's policy and budget; the driver runs the rollouts, every agent turn sampled
+by the arm's policy in batches (`LMAgent`: one batched forward with a KV cache per wave of turns), the
+environment answering each action from the history alone, so a continuation resumes from any turn
+boundary by replaying it; each tree comes back with the service's values and advantages. The update:
+each sampled action's tokens get its node's advantage — the service's tree advantage on arms that
+branch, r − mean(group) on uniform's flat groups (`bench.lm.grpo.group_advantages`'s rule: a node of a
+flat group lies on one rollout, so V̂(node) − V̂(root) is exactly that) — and the loss averages over every
+generated token of the step (DAPO's token-level mean); one Adam step. DAPO's arm keeps only mixed groups.
+
+The budget unit is the generated token: uniform takes `--steps` steps with R = M + ⌊M·N⌋ bare
+rollouts; every other arm (M bare, expansion N) steps on until it has generated as many tokens as
+uniform did (at most twice the steps). Reported per task and seed: held-out accuracy (greedy and
+sampled pass@1 on a fixed test set of another seed) after each step against cumulative generated
+tokens; each arm's accuracy at uniform's total tokens; the tokens it needed to reach uniform's final
+accuracy as a fraction of uniform's; mixed groups per step. Then mean ± spread over seeds, and curves
+as PNGs in `bench/results/`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import itertools
+import json
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bench.learning import Arm, cost_to_reach, service_settings, success_at, wait_for_training
+from bench.lm import vocab
+from bench.lm.grpo import pad_batch, token_policy_loss
+from bench.lm.model import ModelConfig, TinyLM
+from bench.lm.tasks import TASKS, Prompt, Task
+from bench.plotting import line_colors
+from bench.protocol import comma_list, mean_std
+from trace_client import AsyncTraceClient
+from trace_client.driver import DriverConfig, FinishedTree, History, RolloutDriver, TurnResult
+from trace_client.local import ServiceProcess
+from trace_proto import AllocateRequest, Policy, PromptIn
+
+UNIFORM = "uniform"
+DEFAULT_ARMS = ("uniform", "dapo", "trace_paper", "trace")
+ALL_ARMS = ("uniform", "dapo", "greso", "knapsack", "trace_paper", "trace")
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "results"
+#: Under the token horizon an arm steps on at most this many times `--steps` to match uniform's tokens.
+MAX_STEPS_FACTOR = 2
+#: Seconds the agent waits for the other rollouts' turns before sampling a batch.
+BATCH_WINDOW = 0.005
+
+
+# --- the policy ----------------------------------------------------------------------------------------
+
+
+class LMPolicy:
+    """The transformer, its optimiser and how it acts on transcripts (`bench.lm.vocab`)."""
+
+    def __init__(self, model: TinyLM, task: Task, *, lr: float, feature_dim: int, seed: int) -> None:
+        self.model = model
+        self.task = task
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+        self.feature_dim = feature_dim
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def act(
+        self, prefixes: Sequence[Sequence[int]], *, greedy: bool = False
+    ) -> list[tuple[list[int], list[float]]]:
+        """One action per prefix: its token ids (ending with EOT unless cut at the task's longest
+        action) and the features of the prefix."""
+        self.model.eval()
+        samples = self.model.sample(
+            prefixes,
+            max_new_tokens=self.task.max_action_chars + 1,
+            stop_id=vocab.EOT,
+            generator=self.generator,
+            greedy=greedy,
+            feature_dim=self.feature_dim,
+        )
+        return list(zip(samples.tokens, samples.features, strict=True))
+
+    def update(self, sequences: Sequence[TrainingSequence], *, batch: int = 128) -> float:
+        """One Adam step on −Σ A·log π(token) / (generated tokens), over every sequence's action tokens;
+        minibatches add up to the whole step's gradient (each weighted by its share of the tokens)."""
+        self.model.train()
+        self.optimizer.zero_grad()
+        total = sum(end - start for seq in sequences for start, end in seq.spans)
+        if not total:
+            return 0.0
+        loss_sum = 0.0
+        for first in range(0, len(sequences), batch):
+            part = sequences[first : first + batch]
+            ids, real = (tensor.to(self.model.device) for tensor in pad_batch([seq.ids for seq in part]))
+            advantages = torch.zeros(ids.shape, device=ids.device)
+            action = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
+            for row, seq in enumerate(part):
+                for start, end in seq.spans:
+                    advantages[row, start:end] = seq.advantage
+                    action[row, start:end] = True
+            logprobs = self.model.token_logprobs(ids, real)
+            tokens = int(action.sum())
+            loss = token_policy_loss(logprobs, advantages, action) * (tokens / total)
+            loss.backward()
+            loss_sum += loss.item()
+        self.optimizer.step()
+        return loss_sum
+
+
+@dataclass(frozen=True)
+class TrainingSequence:
+    """A transcript, the [start, end) token spans of the actions it trains on, and their advantage."""
+
+    ids: list[int]
+    spans: tuple[tuple[int, int], ...]
+    advantage: float
+
+
+@dataclass(frozen=True)
+class TurnState:
+    """What a turn carries for the turns after it and for the update: the action and what the
+    environment answered."""
+
+    action: str
+    observation: str
+
+
+def history_turns(history: History) -> list[tuple[str, str]]:
+    turns = []
+    for turn in history.turns:
+        if not isinstance(turn.state, TurnState):
+            raise TypeError("a turn of this history was not made by LMAgent")
+        turns.append((turn.state.action, turn.state.observation))
+    return turns
+
+
+class LMAgent:
+    """`next_turn` for the driver: the turns of every rollout in flight sampled in one batch."""
+
+    def __init__(self, policy: LMPolicy, prompts: dict[str, Prompt]) -> None:
+        self.policy = policy
+        self.prompts = prompts
+        self.tokens = 0
+        self._waiting: list[tuple[History, asyncio.Future[TurnResult]]] = []
+        self._batcher: asyncio.Task[None] | None = None
+
+    async def next_turn(self, history: History) -> TurnResult:
+        answer: asyncio.Future[TurnResult] = asyncio.get_running_loop().create_future()
+        self._waiting.append((history, answer))
+        if self._batcher is None or self._batcher.done():
+            self._batcher = asyncio.create_task(self._run())
+        return await answer
+
+    async def _run(self) -> None:
+        while self._waiting:
+            await asyncio.sleep(BATCH_WINDOW)
+            batch, self._waiting = self._waiting, []
+            try:
+                results = await asyncio.to_thread(self._turns, [history for history, _ in batch])
+            except Exception as error:  # every rollout of the batch fails alone, none waits forever
+                for _, answer in batch:
+                    answer.set_exception(error)
+                continue
+            for (_, answer), result in zip(batch, results, strict=True):
+                answer.set_result(result)
+
+    def _turns(self, histories: Sequence[History]) -> list[TurnResult]:
+        task = self.policy.task
+        contexts = [(self.prompts[h.prompt.prompt_id], history_turns(h)) for h in histories]
+        acted = self.policy.act([vocab.prefix(prompt.text, turns) for prompt, turns in contexts])
+        results = []
+        for (prompt, turns), (tokens, features) in zip(contexts, acted, strict=True):
+            self.tokens += len(tokens)
+            action = vocab.decode(tokens)
+            observation = task.step(prompt, [*(a for a, _ in turns), action])
+            results.append(
+                TurnResult(
+                    text=f"{action} -> {observation.text}",
+                    done=observation.done,
+                    reward=observation.reward,
+                    features=features or None,
+                    state=TurnState(action, observation.text),
+                )
+            )
+        return results
+
+
+def training_sequences(finished: FinishedTree, prompt: Prompt, *, flat: bool) -> list[TrainingSequence]:
+    """Every sampled action of a tree with its advantage: the service's tree advantage, or on a flat
+    group r − mean(group) (= V̂(node) − V̂(root): each node lies on one rollout). Failure leaves (no
+    policy turn) and nodes without a scored leaf below are left out."""
+    tree = finished.tree
+    if tree.value is None:
+        return []
+    parent = {node.node_id: node.parent_id for node in tree.nodes}
+    sequences = []
+    for node in tree.nodes:
+        if node.node_id not in finished.turns or node.value is None:
+            continue
+        advantage = node.value - tree.value if flat else node.advantage
+        if advantage is None:
+            continue
+        path: list[str] = []
+        current: str | None = node.node_id
+        while current is not None:
+            path.append(current)
+            current = parent[current]
+        turns = [finished.turns[node_id].state for node_id in reversed(path)]
+        if not all(isinstance(turn, TurnState) for turn in turns):
+            continue
+        transcript = vocab.transcript(prompt.text, [(t.action, t.observation) for t in turns])  # type: ignore[union-attr]
+        sequences.append(TrainingSequence(transcript.ids, (transcript.action_spans[-1],), float(advantage)))
+    return sequences
+
+
+# --- evaluation and warm start -------------------------------------------------------------------------
+
+
+def play(policy: LMPolicy, prompts: Sequence[Prompt], *, greedy: bool) -> list[float]:
+    """Each prompt's reward over one episode played in process (all episodes in one batch per turn)."""
+    task = policy.task
+    actions: list[list[str]] = [[] for _ in prompts]
+    observations: list[list[str]] = [[] for _ in prompts]
+    rewards: list[float | None] = [None] * len(prompts)
+    for _ in range(task.max_turns):
+        live = [i for i, reward in enumerate(rewards) if reward is None]
+        if not live:
+            break
+        prefixes = [
+            vocab.prefix(prompts[i].text, list(zip(actions[i], observations[i], strict=True))) for i in live
+        ]
+        for i, (tokens, _) in zip(live, policy.act(prefixes, greedy=greedy), strict=True):
+            actions[i].append(vocab.decode(tokens))
+            observation = task.step(prompts[i], actions[i])
+            observations[i].append(observation.text)
+            if observation.done:
+                rewards[i] = observation.reward or 0.0
+    return [reward or 0.0 for reward in rewards]
+
+
+def accuracy(policy: LMPolicy, prompts: Sequence[Prompt]) -> tuple[float, float]:
+    """Greedy and sampled pass@1 on `prompts`."""
+    return statistics.fmean(play(policy, prompts, greedy=True)), statistics.fmean(
+        play(policy, prompts, greedy=False)
+    )
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """Supervised training on noisy demonstrations, so that RL starts from a policy that succeeds
+    sometimes."""
+
+    steps: int = 800
+    batch: int = 32
+    lr: float = 3e-3
+    error_rate: float = 0.3
+    prompts: int = 4096
+
+
+def warm_started(
+    task: Task, config: ModelConfig, warm: WarmStart, seed: int, cache: Path, device: str = "cpu"
+) -> TinyLM:
+    """The warm-started model for (task, seed, configuration), on ``device``, from the cache when it was
+    made before (on any device)."""
+    key = json.dumps([task.name, seed, asdict(config), asdict(warm)], sort_keys=True)
+    path = cache / f"{task.name}-s{seed}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.pt"
+    torch.manual_seed(seed)
+    model = TinyLM(config).to(device)
+    if path.exists():
+        model.load_state_dict(torch.load(path, map_location=device, weights_only=True))
+        return model
+    rng = np.random.default_rng([seed, 7])
+    prompts = task.sample_prompts(rng, warm.prompts)
+    policy = LMPolicy(model, task, lr=warm.lr, feature_dim=0, seed=seed)
+    started = time.perf_counter()
+    for step in range(warm.steps):
+        sequences = []
+        for index in rng.integers(len(prompts), size=warm.batch).tolist():
+            prompt = prompts[index]
+            actions = task.demonstration(prompt, rng, warm.error_rate)
+            turns = [(action, task.step(prompt, actions[: k + 1]).text) for k, action in enumerate(actions)]
+            transcript = vocab.transcript(prompt.text, turns)
+            # Imitation: every action of the demonstration, advantage 1 (the loss is then the mean
+            # negative log-likelihood of the demonstrated tokens).
+            sequences.append(TrainingSequence(transcript.ids, tuple(transcript.action_spans), 1.0))
+        loss = policy.update(sequences)
+        if step % 100 == 0:
+            print(f"  warm start {task.name} seed {seed}: step {step} loss {loss:.3f} "
+                  f"({time.perf_counter() - started:.0f} s)", file=sys.stderr)  # fmt: skip
+    cache.mkdir(parents=True, exist_ok=True)
+    torch.save(model.state_dict(), path)
+    return model
+
+
+# --- arms ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TokenCurve:
+    """One arm's run: held-out accuracy after 0, 1, … updates against cumulative generated tokens."""
+
+    greedy: list[float] = field(default_factory=list)
+    sampled: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=lambda: [0])
+    rollouts: list[int] = field(default_factory=lambda: [0])
+    mixed: list[int] = field(default_factory=list)
+    active: list[int] = field(default_factory=list)
+
+
+def build_arms(names: Sequence[str], bare: int, expansion: float) -> list[Arm]:
+    total = bare + int(bare * expansion)
+    return [
+        Arm(UNIFORM, Policy.UNIFORM, total, 0.0)
+        if name == UNIFORM
+        else Arm(name, Policy(name), bare, expansion)
+        for name in names
+    ]
+
+
+class ArmRun:
+    """One arm on one (task, seed): its own copy of the warm-started policy, its service, its curve."""
+
+    def __init__(self, arm: Arm, policy: LMPolicy, service: ServiceProcess, args: argparse.Namespace) -> None:
+        self.arm = arm
+        self.policy = policy
+        self.service = service
+        self.args = args
+        self.client = AsyncTraceClient(service.url, timeout=120.0)
+        self.job = f"lm-{arm.name}-{uuid.uuid4().hex[:6]}"
+        self.curve = TokenCurve()
+
+    async def step(self, step: int, pool: Sequence[Prompt]) -> None:
+        assert self.arm.policy is not None
+        prompts = {prompt.prompt_id: prompt for prompt in pool}
+        agent = LMAgent(self.policy, prompts)
+        config = DriverConfig(concurrency=4 * self.arm.budget + 64, step_timeout=self.args.step_timeout)
+        driver = RolloutDriver(self.client, agent.next_turn, config=config)
+        request = AllocateRequest(
+            job=self.job,
+            step=step,
+            budget=self.arm.budget,
+            expansion=self.arm.expansion,
+            max_rollouts=self.args.max_rollouts,
+            policy=self.arm.policy,
+            prompts=[PromptIn(prompt_id=p.prompt_id, text=p.text) for p in pool],
+        )
+        result = await driver.run_step(request)
+        trained = [tree for tree in result.trees if tree.tree.mixed or not self.arm.mixed_groups_only]
+        sequences = [
+            sequence
+            for tree in trained
+            for sequence in training_sequences(tree, prompts[tree.prompt.prompt_id], flat=self.arm.flat)
+        ]
+        await asyncio.to_thread(self.policy.update, sequences)
+        curve = self.curve
+        curve.tokens.append(curve.tokens[-1] + agent.tokens)
+        curve.rollouts.append(
+            curve.rollouts[-1] + sum(sum(n.reward is not None for n in t.tree.nodes) for t in result.trees)
+        )
+        curve.mixed.append(sum(tree.tree.mixed for tree in result.trees))
+        curve.active.append(len(result.trees))
+
+
+def takes_step(curve: TokenCurve, uniform: TokenCurve, step: int, steps: int) -> bool:
+    """Every arm takes the first `steps`; then an arm that generated fewer tokens than uniform did steps
+    on (equal compute), at most `MAX_STEPS_FACTOR × steps` in all."""
+    if step < steps:
+        return True
+    return curve is not uniform and step < MAX_STEPS_FACTOR * steps and curve.tokens[-1] < uniform.tokens[-1]
+
+
+def start_services(arms: Sequence[Arm], directory: Path, feature_dim: int) -> dict[str, ServiceProcess]:
+    """A service process on the embedded store for each arm that reads the predictor, one shared by
+    the others."""
+    services: dict[str, ServiceProcess] = {}
+    shared: ServiceProcess | None = None
+    for arm in arms:
+        if arm.reads_predictor or shared is None:
+            data = Path(tempfile.mkdtemp(prefix="lm-", dir="/tmp"))  # a short path: the store's socket
+            settings = {
+                **service_settings(f"lm-{arm.name}", feature_dim, trainer=arm.reads_predictor),
+                "TRACE_DATA_DIR": str(data),
+            }
+            process = ServiceProcess("", directory, settings).start()
+            if not arm.reads_predictor:
+                shared = process
+            services[arm.name] = process
+        else:
+            services[arm.name] = shared
+    return services
+
+
+async def run_task_seed(
+    task: Task, seed: int, args: argparse.Namespace, directory: Path
+) -> dict[str, TokenCurve]:
+    """Every arm on one task and seed, in lockstep on the same pools; the curves by arm name."""
+    config = ModelConfig(
+        vocab_size=vocab.VOCAB_SIZE,
+        d_model=args.d_model,
+        n_layers=args.layers,
+        n_heads=args.heads,
+        max_len=args.max_len,
+    )
+    warm = WarmStart(steps=args.warm_steps)
+    base = warm_started(task, config, warm, seed, args.out / "lm-cache", args.device)
+    test = task.sample_prompts(np.random.default_rng([seed, 2]), args.test_prompts)
+    stream = task.sample_prompts(np.random.default_rng([seed, 1]), args.pool * MAX_STEPS_FACTOR * args.steps)
+    arms = build_arms(args.arms, args.budget, args.expansion)
+    services = start_services(arms, directory, args.features)
+    runs = []
+    try:
+        for service in set(services.values()):
+            service.wait_ready()
+        for arm in arms:
+            model = TinyLM(config).to(args.device)
+            model.load_state_dict(base.state_dict())
+            policy = LMPolicy(model, task, lr=args.lr, feature_dim=args.features, seed=seed)
+            runs.append(ArmRun(arm, policy, services[arm.name], args))
+        start_greedy, start_sampled = accuracy(runs[0].policy, test)
+        print_histogram(task, runs[0].policy, test)
+        for run in runs:
+            run.curve.greedy.append(start_greedy)
+            run.curve.sampled.append(start_sampled)
+        uniform = next(run for run in runs if run.arm.name == UNIFORM)
+        started = time.perf_counter()
+        for step in itertools.count():
+            stepping = [run for run in runs if takes_step(run.curve, uniform.curve, step, args.steps)]
+            if not stepping:
+                break
+            pool = stream[(step * args.pool) % len(stream) :][: args.pool]
+            for run in stepping:  # one at a time: the machine's cores go to one arm's sampling
+                await run.step(step, pool)
+                greedy, sampled = accuracy(run.policy, test)
+                run.curve.greedy.append(greedy)
+                run.curve.sampled.append(sampled)
+            await asyncio.gather(
+                *(
+                    wait_for_training(run.client, args.train_wait)
+                    for run in stepping
+                    if run.arm.reads_predictor
+                )
+            )
+            progress = " ".join(f"{r.arm.name} {r.curve.sampled[-1]:.3f}" for r in stepping)
+            elapsed = time.perf_counter() - started
+            print(f"[{elapsed:6.1f}s] {task.name} seed {seed} step {step + 1}: {progress}", file=sys.stderr)
+        for run in runs:
+            await run.client.aclose()
+    finally:
+        for service in set(services.values()):
+            service.stop()
+    return {run.arm.name: run.curve for run in runs}
+
+
+def print_histogram(task: Task, policy: LMPolicy, prompts: Sequence[Prompt], samples: int = 8) -> None:
+    """The warm-started policy's per-prompt success on the test set (sampled, `samples` each)."""
+    repeated = [prompt for prompt in prompts for _ in range(samples)]
+    rewards = np.array(play(policy, repeated, greedy=False)).reshape(len(prompts), samples).mean(axis=1)
+    counts, _ = np.histogram(rewards, bins=np.linspace(0, 1, samples + 2))
+    bars = " ".join(f"{count}" for count in counts)
+    print(
+        f"  warm start {task.name}: per-prompt success (0 → 1, {samples} samples each): {bars}",
+        file=sys.stderr,
+    )
+
+
+# --- the report ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ArmFigures:
+    final_greedy: float
+    final_sampled: float
+    tokens_ratio: float | None
+    mixed_share: float
+
+
+def arm_figures(curves: dict[str, TokenCurve]) -> dict[str, ArmFigures]:
+    """Per arm: accuracy at uniform's total tokens, the tokens it needed to reach uniform's final sampled
+    accuracy (the policy RL trains) over uniform's own (None past the horizon, or when uniform did not
+    improve)."""
+    uniform = curves[UNIFORM]
+    target, horizon = uniform.sampled[-1], uniform.tokens[-1]
+    figures = {}
+    for name, curve in curves.items():
+        mine = cost_to_reach(curve.tokens, curve.sampled, target)
+        theirs = cost_to_reach(uniform.tokens, uniform.sampled, target)
+        ratio = mine / theirs if target > uniform.sampled[0] and mine is not None and theirs else None
+        figures[name] = ArmFigures(
+            final_greedy=success_at(curve.tokens, curve.greedy, horizon),
+            final_sampled=success_at(curve.tokens, curve.sampled, horizon),
+            tokens_ratio=ratio,
+            mixed_share=sum(curve.mixed) / max(1, sum(curve.active)),
+        )
+    return figures
+
+
+def summary(results: dict[str, dict[int, dict[str, TokenCurve]]]) -> list[str]:
+    lines = [
+        "| task | arm | greedy pass@1 at uniform's tokens | sampled pass@1 | tokens to uniform's final "
+        "sampled pass@1 (× uniform's) | mixed groups |",
+        "|---|---|---|---|---|---|",
+    ]
+    for task, per_seed in results.items():
+        figures = [arm_figures(curves) for curves in per_seed.values()]
+        for name in figures[0]:
+            rows = [seed_figures[name] for seed_figures in figures]
+
+            def cell(values: Sequence[float | None], digits: int = 3) -> str:
+                present = [v for v in values if v is not None]
+                if not present:
+                    return "> horizon"
+                mean, spread = mean_std(present)
+                reached = "" if len(present) == len(values) else f" ({len(present)}/{len(values)})"
+                return f"{mean:.{digits}f} ± {spread:.{digits}f}{reached}"
+
+            greedy, sampled = cell([r.final_greedy for r in rows]), cell([r.final_sampled for r in rows])
+            ratio, mixed = cell([r.tokens_ratio for r in rows], 2), cell([r.mixed_share for r in rows], 2)
+            lines.append(f"| {task} | {name} | {greedy} | {sampled} | {ratio} | {mixed} |")
+    return lines
+
+
+def plot(results: dict[str, dict[int, dict[str, TokenCurve]]], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for task, per_seed in results.items():
+        figure, axes = plt.subplots(figsize=(8, 5))
+        for name, color in line_colors(list(next(iter(per_seed.values())))).items():
+            curves = [curves[name] for curves in per_seed.values()]
+            points = min(len(curve.greedy) for curve in curves)
+            tokens = np.mean([c.tokens[:points] for c in curves], axis=0)
+            axes.plot(tokens, np.mean([c.sampled[:points] for c in curves], axis=0), label=name, color=color)
+            axes.plot(
+                tokens, np.mean([c.greedy[:points] for c in curves], axis=0), color=color, linestyle=":"
+            )
+        axes.set_xlabel("cumulative generated tokens")
+        axes.set_ylabel("held-out pass@1: sampled (solid), greedy (dotted)")
+        axes.grid(alpha=0.3)
+        axes.legend()
+        figure.suptitle(f"{task}: mean over {len(per_seed)} seeds")
+        path = out / f"lm-{task}.png"
+        figure.savefig(path, dpi=110)
+        plt.close(figure)
+        written.append(path)
+    return written
+
+
+# --- command line --------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--task", default="arithmetic", help=f"task or comma list of {', '.join(TASKS)}")
+    parser.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"comma list of {', '.join(ALL_ARMS)}")
+    parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=32, help="uniform's policy-gradient steps")
+    parser.add_argument("--pool", type=int, default=32, help="prompts offered each step (B)")
+    parser.add_argument("--budget", type=int, default=64, help="bare rollouts per step of branching arms (M)")
+    parser.add_argument("--expansion", type=float, default=1.0, help="continuations per bare rollout (N)")
+    parser.add_argument("--max-rollouts", type=int, default=16, help="most bare rollouts of one prompt")
+    parser.add_argument("--lr", type=float, default=5e-4, help="Adam's learning rate in RL")
+    parser.add_argument("--warm-steps", type=int, default=800, help="supervised steps of the warm start")
+    parser.add_argument("--test-prompts", type=int, default=128, help="held-out prompts evaluated")
+    parser.add_argument("--features", type=int, default=0, help="hidden-state features sent per prefix")
+    parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--max-len", type=int, default=320)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of the learner")
+    parser.add_argument("--device", default=None, help="cpu or cuda[:n] (default: cuda when present)")
+    parser.add_argument("--train-wait", type=float, default=10.0, help="most seconds a predictor may train")
+    parser.add_argument("--step-timeout", type=float, default=600.0)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--quick", action="store_true", help="smoke run: a small model, 2 steps, 2 arms")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.arms, args.steps, args.pool, args.budget = "uniform,trace", 2, 8, 16
+        args.warm_steps, args.test_prompts, args.d_model = 30, 16, 32
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    args.tasks = comma_list(args.task)
+    args.arms = comma_list(args.arms)
+    unknown = [name for name in args.tasks if name not in TASKS] + [a for a in args.arms if a not in ALL_ARMS]
+    if unknown:
+        parser.error(f"unknown tasks or arms: {unknown}")
+    if UNIFORM not in args.arms:
+        args.arms.insert(0, UNIFORM)  # every figure is relative to uniform
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    results: dict[str, dict[int, dict[str, TokenCurve]]] = {}
+    with tempfile.TemporaryDirectory() as directory:
+        for name in args.tasks:
+            task = TASKS[name]()
+            for seed in range(args.seeds):
+                curves = asyncio.run(run_task_seed(task, seed, args, Path(directory)))
+                results.setdefault(name, {})[seed] = curves
+    print(
+        f"LM learner: {args.seeds} seed(s) × {args.steps} uniform steps, pool B = {args.pool}, uniform "
+        f"{args.budget + int(args.budget * args.expansion)} bare rollouts, the others M = {args.budget} + "
+        f"N = {args.expansion:g}; d_model {args.d_model}, {args.layers} layers; equal generated tokens"
+    )
+    print("\n".join(summary(results)))
+    for path in plot(results, args.out):
+        print(f"plot: {path}")
+    print(f"wall time {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
