@@ -84,6 +84,7 @@ from bench.protocol import (
     check_sizes,
     chosen_families,
     comma_list,
+    mean_spread,
     mean_std,
     protocol_line,
 )
@@ -710,16 +711,6 @@ def print_seed_table(family: str, seed: int, curves: dict[str, Curve]) -> None:
         )
 
 
-def _mean_spread(values: Sequence[float | None]) -> str:
-    """mean ± std of the values that exist, and how many of them do when some are missing."""
-    present = [value for value in values if value is not None]
-    if not present:
-        return "> horizon"
-    mean, spread = mean_std(present)
-    reached = "" if len(present) == len(values) else f" ({len(present)}/{len(values)})"
-    return f"{mean:.2f} ± {spread:.2f}{reached}"
-
-
 def print_summary(results: dict[str, dict[int, dict[str, Curve]]]) -> None:
     print("\nSummary: mean ± std over seeds; (k/S): only k of S seeds reached uniform's final success")
     header = (
@@ -737,10 +728,10 @@ def print_summary(results: dict[str, dict[int, dict[str, Curve]]]) -> None:
             steps = statistics.fmean(row.steps for row in rows)
             print(
                 f"{family:<10} {name:<14} {final:>15} {steps:>6.1f} "
-                f"{_mean_spread([r.turns_ratio for r in rows]):>20} "
-                f"{_mean_spread([r.rollouts_ratio for r in rows]):>20} "
-                f"{_mean_spread([r.mixed_per_step for r in rows]):>14} "
-                f"{_mean_spread([r.effective_ratio for r in rows]):>13}"
+                f"{mean_spread([r.turns_ratio for r in rows]):>20} "
+                f"{mean_spread([r.rollouts_ratio for r in rows]):>20} "
+                f"{mean_spread([r.mixed_per_step for r in rows]):>14} "
+                f"{mean_spread([r.effective_ratio for r in rows]):>13}"
             )
     print(
         "final success: exact mean success of the held-out tasks once the arm has generated uniform's\n"

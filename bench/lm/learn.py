@@ -58,7 +58,7 @@ from bench.lm.grpo import pad_batch, token_policy_loss
 from bench.lm.model import ModelConfig, TinyLM
 from bench.lm.tasks import TASKS, Prompt, Task
 from bench.plotting import line_colors
-from bench.protocol import comma_list, mean_std
+from bench.protocol import comma_list, mean_spread
 from trace_client import AsyncTraceClient
 from trace_client.driver import DriverConfig, FinishedTree, History, RolloutDriver, TurnResult
 from trace_client.local import ServiceProcess
@@ -529,16 +529,12 @@ def summary(results: dict[str, dict[int, dict[str, TokenCurve]]]) -> list[str]:
         for name in figures[0]:
             rows = [seed_figures[name] for seed_figures in figures]
 
-            def cell(values: Sequence[float | None], digits: int = 3) -> str:
-                present = [v for v in values if v is not None]
-                if not present:
-                    return "> horizon"
-                mean, spread = mean_std(present)
-                reached = "" if len(present) == len(values) else f" ({len(present)}/{len(values)})"
-                return f"{mean:.{digits}f} ± {spread:.{digits}f}{reached}"
-
-            greedy, sampled = cell([r.final_greedy for r in rows]), cell([r.final_sampled for r in rows])
-            ratio, mixed = cell([r.tokens_ratio for r in rows], 2), cell([r.mixed_share for r in rows], 2)
+            greedy = mean_spread([r.final_greedy for r in rows], 3)
+            sampled = mean_spread([r.final_sampled for r in rows], 3)
+            ratio, mixed = (
+                mean_spread([r.tokens_ratio for r in rows]),
+                mean_spread([r.mixed_share for r in rows]),
+            )
             lines.append(f"| {task} | {name} | {greedy} | {sampled} | {ratio} | {mixed} |")
     return lines
 

@@ -15,7 +15,7 @@ from test_hostile_inputs import allocate_inputs, event_inputs, other_inputs, raw
 
 from trace_proto import AllocateRequest, ExpandRequest, PredictRequest
 from trace_proto.v1 import limits
-from trace_service.routers.body import BodyShapeError, _Invalid, validate_in_parts
+from trace_service.routers.body import BodyErrors, validate_in_parts
 from trace_service.routers.jsonscan import Structure, TooManyElements
 
 ARRAYS: dict[str, tuple[type[BaseModel], str]] = {
@@ -40,7 +40,7 @@ def outcome(body: bytes, model: type[BaseModel], name: str, *, parts: bool) -> A
     """The validated request as a dict, or its errors' sorted types and locations."""
     try:
         request = validate_in_parts(body, model, name) if parts else model.model_validate_json(body)
-    except (ValidationError, _Invalid, BodyShapeError) as error:
+    except (ValidationError, BodyErrors) as error:
         return sorted(f"{e['type']} {e['loc']}" for e in error.errors())
     return request.model_dump()
 

@@ -155,7 +155,7 @@ class Intake:
         unstarted = await self.store.with_tree(
             tree_id,
             lambda tree: [
-                i for i in tree.instructions.values() if i.unstarted and i.round == tree.meta.round
+                i for i in tree.instructions.values() if i.unstarted > 0 and i.round == tree.meta.round
             ],
         )
         if unstarted is None:

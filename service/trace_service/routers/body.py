@@ -20,7 +20,7 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, TypeAdapter, ValidationError, create_model
 
-from trace_service.routers.jsonscan import Span, Structure, TooManyElements
+from trace_service.routers.jsonscan import Structure, TooManyElements
 
 Model = TypeVar("Model", bound=BaseModel)
 Result = TypeVar("Result")
@@ -31,16 +31,19 @@ INLINE_BODY_BYTES = 1 << 20
 MAX_HEAD_BYTES = 64 << 10
 
 
-class BodyShapeError(ValueError):
-    """A large body whose structure cannot be read in parts (the message says why, for a person)."""
+class BodyErrors(ValueError):
+    """What is wrong with a large body read in parts, as pydantic's error list (``errors()``)."""
 
-    def __init__(self, message: str, loc: tuple[str | int, ...] = (), kind: str = "body_shape") -> None:
-        super().__init__(message)
-        self.loc = loc
-        self.kind = kind
+    def __init__(self, errors: list[dict[str, Any]]) -> None:
+        super().__init__("; ".join(str(error["msg"]) for error in errors))
+        self._errors = errors
+
+    @classmethod
+    def one(cls, message: str, loc: tuple[str | int, ...] = (), kind: str = "body_shape") -> BodyErrors:
+        return cls([{"type": kind, "loc": loc, "msg": message, "input": None}])
 
     def errors(self) -> list[dict[str, Any]]:
-        return [{"type": self.kind, "loc": self.loc, "msg": str(self), "input": None}]
+        return self._errors
 
 
 class Parts:
@@ -51,29 +54,24 @@ class Parts:
         structure = Structure(body)
         members = structure.object_members()
         if members is None:
-            raise BodyShapeError("body must be one JSON object of distinct members")
+            raise BodyErrors.one("body must be one JSON object of distinct members")
         key = f'"{name}"'.encode()
         head = {k: v for k, v in members.items() if k != key}
         if sum(end - start for start, end in head.values()) > MAX_HEAD_BYTES:
-            raise BodyShapeError(f"members other than {name!r} exceed {MAX_HEAD_BYTES} bytes")
+            raise BodyErrors.one(f"members other than {name!r} exceed {MAX_HEAD_BYTES} bytes")
         self.head: dict[str, bytes] = {
             pydantic_core.from_json(k): body[start:end] for k, (start, end) in head.items()
         }
-        self.name = name
         self.elements: list[bytes] | None = None
         if key in members:
             try:
                 spans = structure.array_elements(members[key], limit)
             except TooManyElements as error:
                 message = f"List should have at most {error.limit} items after validation, not {error.count}"
-                raise BodyShapeError(message, (name,), "too_long") from None
+                raise BodyErrors.one(message, (name,), "too_long") from None
             if spans is None:
-                raise BodyShapeError("Input should be a valid list", (name,), "list_type")
-            self.elements = [_slice(body, span) for span in spans]
-
-
-def _slice(body: bytes, span: Span) -> bytes:
-    return body[span[0] : span[1]]
+                raise BodyErrors.one("Input should be a valid list", (name,), "list_type")
+            self.elements = [body[start:end] for start, end in spans]
 
 
 @cache
@@ -116,18 +114,9 @@ def validate_in_parts(body: bytes, model: type[Model], name: str) -> Model:
     if parts.elements is None:
         errors.append({"type": "missing", "loc": (name,), "msg": "Field required", "input": None})
     if errors or head is None:
-        raise _Invalid(errors)
+        raise BodyErrors(errors)
     fields = {field: getattr(head, field) for field in type(head).model_fields}
     return model.model_validate({**fields, name: items})
-
-
-class _Invalid(ValueError):
-    def __init__(self, errors: list[dict[str, Any]]) -> None:
-        super().__init__(f"{len(errors)} validation errors")
-        self._errors = errors
-
-    def errors(self) -> list[dict[str, Any]]:
-        return self._errors
 
 
 def _max_length(model: type[BaseModel], name: str) -> int:
@@ -152,7 +141,7 @@ async def validated(request: Request, model: type[Model], array: str) -> Model:
         if len(body) <= INLINE_BODY_BYTES:
             return model.model_validate_json(body)
         return await asyncio.to_thread(validate_in_parts, body, model, array)
-    except (ValidationError, BodyShapeError, _Invalid) as error:
+    except (ValidationError, BodyErrors) as error:
         errors = [
             {**item, "loc": ("body", *item["loc"])}
             for item in (

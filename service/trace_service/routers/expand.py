@@ -17,7 +17,7 @@ from trace_proto import (
 from trace_proto.v1 import limits, paths
 from trace_proto.v1.common import JobName
 from trace_service.deps import InstructionsDep, IntakeDep
-from trace_service.routers.body import INLINE_BODY_BYTES, BodyShapeError, Parts, documented, parsed
+from trace_service.routers.body import INLINE_BODY_BYTES, BodyErrors, Parts, documented, parsed
 from trace_service.routers.responses import ERRORS
 
 router = APIRouter(tags=["expansion"])
@@ -32,8 +32,8 @@ def event_elements(body: bytes) -> list[bytes]:
     holds, however deep or malformed, it is that element's problem alone."""
     try:
         parts = Parts(body, "events", limits.MAX_EVENTS_PER_REQUEST)
-    except BodyShapeError as error:
-        raise HTTPException(422, _COUNT if error.loc else _SHAPE) from None
+    except BodyErrors as error:  # located at the events array: too many of them
+        raise HTTPException(422, _COUNT if error.errors()[0]["loc"] else _SHAPE) from None
     if parts.head or parts.elements is None:
         raise HTTPException(422, _SHAPE)
     if not parts.elements:
