@@ -27,10 +27,13 @@ The budget unit is the generated token: uniform takes `--steps` steps with R = M
 rollouts; every other arm (M bare, expansion N) steps on until it has generated as many tokens as
 uniform did (at most twice the steps). Reported per task and seed: held-out accuracy (greedy pass@1,
 and sampled pass@1 over `--eval-samples` episodes per prompt, on a fixed test set of another seed)
-after each step against cumulative generated tokens; each arm's accuracy at uniform's total tokens;
-the tokens it needed to reach uniform's final sampled accuracy as a fraction of uniform's (the first
-crossing, linear between steps); the share of mixed groups. Then mean ± spread over seeds, and curves
-as PNGs in `bench/results/`.
+after each step against cumulative generated tokens; each arm's accuracy at uniform's total tokens
+(and, sampled, at uniform's total rollouts: the equal-rollouts comparison); the tokens it needed to
+reach uniform's final sampled accuracy as a fraction of uniform's (the first crossing, linear between
+steps); the share of mixed groups. Then mean ± spread over seeds, and curves as PNGs in
+`bench/results/`. Each (task, seed)'s curves are saved in `bench/results/lm-runs/` under a key of every
+argument that shapes them, so a matrix can run in parts (one process per task, `--threads 1`) and the
+full command then reports it without running anything again.
 """
 
 from __future__ import annotations
@@ -475,6 +478,31 @@ async def run_task_seed(
     return {run.arm.name: run.curve for run in runs}
 
 
+#: The arguments that do not change a run's curves (a saved run is reused whatever they are).
+NOT_IN_RUN_KEY = frozenset({"task", "tasks", "seeds", "threads", "step_timeout", "out", "quick"})
+
+
+def run_path(task: Task, seed: int, args: argparse.Namespace) -> Path:
+    """Where the curves of (task, seed, every argument that shapes them) are saved: a matrix can be run
+    in parts (one process per task, say) and reported whole by the full command."""
+    shaping = {name: value for name, value in vars(args).items() if name not in NOT_IN_RUN_KEY}
+    key = json.dumps([task.name, seed, shaping], sort_keys=True, default=str)
+    return args.out / "lm-runs" / f"{task.name}-s{seed}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.json"
+
+
+def save_curves(path: Path, curves: dict[str, TokenCurve]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".part")
+    partial.write_text(json.dumps({name: asdict(curve) for name, curve in curves.items()}))
+    partial.replace(path)  # never a half-written run
+
+
+def load_curves(path: Path) -> dict[str, TokenCurve] | None:
+    if not path.exists():
+        return None
+    return {name: TokenCurve(**fields) for name, fields in json.loads(path.read_text()).items()}
+
+
 def print_histogram(task: Task, policy: LMPolicy, prompts: Sequence[Prompt], samples: int = 8) -> None:
     """The warm-started policy's per-prompt success on the test set (sampled, `samples` each)."""
     repeated = [prompt for prompt in prompts for _ in range(samples)]
@@ -494,14 +522,15 @@ def print_histogram(task: Task, policy: LMPolicy, prompts: Sequence[Prompt], sam
 class ArmFigures:
     final_greedy: float
     final_sampled: float
+    sampled_at_rollouts: float
     tokens_ratio: float | None
     mixed_share: float
 
 
 def arm_figures(curves: dict[str, TokenCurve]) -> dict[str, ArmFigures]:
-    """Per arm: accuracy at uniform's total tokens, the tokens it needed to reach uniform's final sampled
-    accuracy (the policy RL trains) over uniform's own (None past the horizon, or when uniform did not
-    improve)."""
+    """Per arm: accuracy at uniform's total tokens (and sampled at its total rollouts), the tokens it
+    needed to reach uniform's final sampled accuracy (the policy RL trains) over uniform's own (None past
+    the horizon, or when uniform did not improve)."""
     uniform = curves[UNIFORM]
     target, horizon = uniform.sampled[-1], uniform.tokens[-1]
     figures = {}
@@ -512,6 +541,7 @@ def arm_figures(curves: dict[str, TokenCurve]) -> dict[str, ArmFigures]:
         figures[name] = ArmFigures(
             final_greedy=success_at(curve.tokens, curve.greedy, horizon),
             final_sampled=success_at(curve.tokens, curve.sampled, horizon),
+            sampled_at_rollouts=success_at(curve.rollouts, curve.sampled, uniform.rollouts[-1]),
             tokens_ratio=ratio,
             mixed_share=sum(curve.mixed) / max(1, sum(curve.active)),
         )
@@ -520,9 +550,9 @@ def arm_figures(curves: dict[str, TokenCurve]) -> dict[str, ArmFigures]:
 
 def summary(results: dict[str, dict[int, dict[str, TokenCurve]]]) -> list[str]:
     lines = [
-        "| task | arm | greedy pass@1 at uniform's tokens | sampled pass@1 | tokens to uniform's final "
-        "sampled pass@1 (× uniform's) | mixed groups |",
-        "|---|---|---|---|---|---|",
+        "| task | arm | greedy pass@1 at uniform's tokens | sampled pass@1 | sampled pass@1 at uniform's "
+        "rollouts | tokens to uniform's final sampled pass@1 (× uniform's) | mixed groups |",
+        "|---|---|---|---|---|---|---|",
     ]
     for task, per_seed in results.items():
         figures = [arm_figures(curves) for curves in per_seed.values()]
@@ -531,11 +561,12 @@ def summary(results: dict[str, dict[int, dict[str, TokenCurve]]]) -> list[str]:
 
             greedy = mean_spread([r.final_greedy for r in rows], 3)
             sampled = mean_spread([r.final_sampled for r in rows], 3)
+            by_rollouts = mean_spread([r.sampled_at_rollouts for r in rows], 3)
             ratio, mixed = (
                 mean_spread([r.tokens_ratio for r in rows]),
                 mean_spread([r.mixed_share for r in rows]),
             )
-            lines.append(f"| {task} | {name} | {greedy} | {sampled} | {ratio} | {mixed} |")
+            lines.append(f"| {task} | {name} | {greedy} | {sampled} | {by_rollouts} | {ratio} | {mixed} |")
     return lines
 
 
@@ -623,7 +654,13 @@ def main(argv: list[str] | None = None) -> None:
         for name in args.tasks:
             task = TASKS[name]()
             for seed in range(args.seeds):
-                curves = asyncio.run(run_task_seed(task, seed, args, Path(directory)))
+                path = run_path(task, seed, args)
+                curves = load_curves(path)
+                if curves is None:
+                    curves = asyncio.run(run_task_seed(task, seed, args, Path(directory)))
+                    save_curves(path, curves)
+                else:
+                    print(f"  {name} seed {seed}: the curves of {path}", file=sys.stderr)
                 results.setdefault(name, {})[seed] = curves
     print(
         f"LM learner: {args.seeds} seed(s) × {args.steps} uniform steps, pool B = {args.pool}, uniform "

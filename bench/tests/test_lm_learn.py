@@ -96,3 +96,8 @@ def test_quick_run_reports_every_arm(tmp_path: Path, capsys: pytest.CaptureFixtu
     for arm in ("uniform", "trace"):
         assert f"| arithmetic | {arm} |" in output
     assert (tmp_path / "lm-arithmetic.png").stat().st_size > 0
+    (saved,) = (tmp_path / "lm-runs").glob("arithmetic-s0-*.json")
+    main(["--quick", "--out", str(tmp_path), "--threads", "1"])  # the saved run, not a new one
+    captured = capsys.readouterr()
+    assert f"the curves of {saved}" in captured.err
+    assert captured.out.splitlines()[1:-1] == output.splitlines()[1:-1]  # all but the wall time
