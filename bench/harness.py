@@ -241,7 +241,7 @@ class BudgetUnit(StrEnum):
 
 
 class RootBelief(StrEnum):
-    """What TRACE Stage 1 makes of the estimator's root predictions (the Stage 1 levers of issue 12)."""
+    """What TRACE Stage 1 makes of the estimator's root predictions."""
 
     point = "point"  # the point value at Ṽ (the service's trace)
     beta = "beta"  # the expected value over each prompt's Beta belief (RootInputs.concentration)

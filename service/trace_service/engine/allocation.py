@@ -185,7 +185,7 @@ def request_fingerprint(request: AllocateRequest) -> str:
 def _remembered(key: str, fingerprint: str, remembered: tuple[str, str]) -> AllocateResponse:
     """The answer remembered under an idempotency key, if it answered this same request."""
     first, body = remembered
-    if first and first != fingerprint:
+    if first != fingerprint:
         raise IdempotencyConflictError(
             f"Idempotency-Key {key!r} was used for a different request; use a new key for a new request"
         )

@@ -86,18 +86,11 @@ class JobStatistics:
         other trees hold now.  The sums were read first: a tree counted in between is missed by this
         answer (and counted in the next), never counted twice."""
         tree_ids = await self.store.step_tree_ids(job, step)
-        # A step allocated before the service kept per-step figures: what its trees still hold.
-        legacy = any(allocation.trees is None for allocation in allocations)
-        if legacy:
-            totals = {}
-        uncounted = tree_ids if legacy else await self.store.uncounted(job, tree_ids)
+        uncounted = await self.store.uncounted(job, tree_ids)
         live = [meta for meta in await self.store.load_metas(uncounted) if meta]
-        if legacy:
-            active, bare_promised = len(live), sum(meta.rollouts for meta in live)
-        else:
-            active = sum(allocation.trees or 0 for allocation in allocations)
-            bare_promised = sum(allocation.bare_promised or 0 for allocation in allocations)
-        prompts = max(sum(allocation.prompts for allocation in allocations), active)
+        active = sum(allocation.trees for allocation in allocations)
+        bare_promised = sum(allocation.bare_promised for allocation in allocations)
+        prompts = sum(allocation.prompts for allocation in allocations)
 
         def total(figure: str, live_value: Callable[[TreeMeta], int]) -> int:
             return totals.get(figure, 0) + sum(live_value(meta) for meta in live)

@@ -372,7 +372,7 @@ class _RunningMoments:
 
 
 def _freshness_from_json(value: Any) -> FreshnessEstimate:
-    """A checkpoint's continuation counts (absent from older checkpoints: no continuations yet)."""
+    """A checkpoint's continuation counts: flips and fresh flips."""
     if not (
         isinstance(value, list)
         and len(value) == 2
@@ -701,12 +701,8 @@ class SuccessPredictor:
         if not (isinstance(version, int) and version >= 0 and isinstance(seen, int) and seen >= 0):
             raise CheckpointError(f"checkpoint has a malformed version {version!r} or count {seen!r}")
         moments = _RunningMoments.from_json(header.get("moments"), self._dense_width)
-        freshness = _freshness_from_json(header.get("freshness", [0.0, 0.0]))
-        calibration = (
-            Calibration.from_json(header["calibration"])
-            if "calibration" in header
-            else self._cold_calibration()
-        )
+        freshness = _freshness_from_json(header.get("freshness"))
+        calibration = Calibration.from_json(header.get("calibration"))
         model = self._new_model()
         try:
             model.load_state_dict(state)

@@ -248,12 +248,10 @@ class StoredTree:
         if not meta:
             return None
         header = pairs(meta)
-        # Trees written before the prompt text had a field of its own keep it in their spec.
-        prompt_text = header["prompt"] if "prompt" in header else orjson.loads(header["spec"]).get("text", "")
         parsed = _in_order([StoredNode.from_json(node_id, raw) for node_id, raw in pairs(nodes).items()])
         return cls(
             meta=TreeMeta.from_hash(tree_id, header),
-            prompt_text=prompt_text,
+            prompt_text=header["prompt"],
             nodes=parsed,
             instructions={
                 key: StoredInstruction.from_json(key, raw) for key, raw in pairs(instructions).items()
@@ -393,14 +391,13 @@ class PromptOutcomes:
 
 @dataclass(frozen=True)
 class AllocationCounts:
-    """What one allocation of a step made: prompts offered, trees, bare rollouts promised (``None``
-    for allocations recorded before the service kept the last two)."""
+    """What one allocation of a step made: prompts offered, trees, bare rollouts promised."""
 
     prompts: int
-    trees: int | None = None
-    bare_promised: int | None = None
+    trees: int
+    bare_promised: int
 
     @classmethod
     def parse(cls, raw: str) -> AllocationCounts:
-        parts = [int(part) for part in raw.split(",")]
-        return cls(parts[0]) if len(parts) == 1 else cls(parts[0], parts[1], parts[2])
+        prompts, trees, bare_promised = (int(part) for part in raw.split(","))
+        return cls(prompts, trees, bare_promised)

@@ -476,9 +476,7 @@ def _applied(tree_id: str, reply: list[Any] | Exception) -> AppliedBatch | Excep
 
 
 def _remembered(value: str) -> tuple[str, str]:
-    """A remembered (fingerprint, response); responses remembered before fingerprints have none ("")."""
-    if value.startswith("{"):
-        return "", value
+    """A remembered (fingerprint, response), stored as the fingerprint, a space and the response."""
     fingerprint, _, body = value.partition(" ")
     return fingerprint, body
 
