@@ -47,7 +47,6 @@ from trace_service.allocation import (
     POLICIES,
     Need,
     PolicyRules,
-    PrefixInputs,
     Reserve,
     RootInputs,
     Sharing,
@@ -60,6 +59,7 @@ from trace_service.allocation import (
     round_budgets,
 )
 from trace_service.allocation.registry import TRACE_PAPER_ROOTS
+from trace_service.branching import branch_depth, can_branch, place_round
 from trace_service.tree import (
     ROOT,
     FreshnessEstimate,
@@ -439,14 +439,14 @@ class _Forest:
         self,
         prompts: Sequence[Prompt],
         planned: Sequence[int],
+        rules: PolicyRules,
         max_branch_depth: int | None = None,
-        sharing: Sharing | None = None,
     ) -> None:
         self.prompts = list(prompts)
         self.planned = list(planned)
         self.max_branch_depth = max_branch_depth
-        # The policy's sharing, which limits how deep a tree whose bare rollouts agree may branch.
-        self.sharing = sharing
+        # The policy's rules, which may limit how deep a tree whose bare rollouts agree branches.
+        self.rules = rules
         self.states: list[RolloutState] = []
         self.parent: list[int] = []
         self.reward: list[float] = []
@@ -512,19 +512,22 @@ class _Forest:
         return flips, fresh
 
     def candidates(self) -> list[PrefixCandidates]:
-        """Each tree's branching candidates (global node indices), in node order, within the request's
-        depth and, for a tree whose bare rollouts agree, the sharing's (`Sharing.branch_depth`)."""
+        """Each tree's branching candidates (global node indices), by depth: what
+        `trace_service.branching.round_candidates` finds in the tree alone, for every tree in one pass
+        (each tree's depth limit is the service's `branch_depth`)."""
         targets = tree_targets(self.parent, self.reward)
         found = prefix_candidates(targets, self.max_branch_depth)
         owner = np.asarray(self.tree_of, dtype=np.int64)[found.nodes]
-        if self.sharing is not None:
+        if self.rules.sharing is not None:
             depth_limit = np.array(
                 [self._branch_depth(tree) for tree in range(len(self.prompts))], dtype=np.float64
             )
             within = targets.depth[found.nodes] <= depth_limit[owner]
             found = PrefixCandidates(found.nodes[within], found.outcome[within], found.blocked[within])
             owner = owner[within]
-        order = np.argsort(owner, kind="stable")
+        # Each tree's candidates in the service's node order (depth, then as reported), on which its
+        # rules break ties.
+        order = np.lexsort((found.nodes, targets.depth[found.nodes], owner))
         bounds = np.cumsum(np.bincount(owner, minlength=len(self.prompts)))[:-1]
         return [
             PrefixCandidates(nodes, outcome, blocked)
@@ -537,10 +540,8 @@ class _Forest:
         ]
 
     def _branch_depth(self, tree: int) -> float:
-        assert self.sharing is not None
-        successes, trials = self.bare_successes[tree], self.bare_trials[tree]
-        limit = self.sharing.branch_depth(
-            agrees=not bool(is_mixed(successes, trials)), requested=self.max_branch_depth
+        limit = branch_depth(
+            self.rules, self.max_branch_depth, self.bare_successes[tree], self.bare_trials[tree]
         )
         return math.inf if limit is None else float(limit)
 
@@ -607,8 +608,8 @@ def run_step(
     forest = _Forest(
         [pool[index] for index in chosen],
         [int(counts[index]) for index in chosen],
+        strategy.rules,
         config.max_branch_depth,
-        strategy.rules.sharing,
     )
     _run_bare(workload, forest, ledger, rng)
     if strategy.branches:
@@ -876,8 +877,8 @@ def _draws(forest: _Forest, shares: Sequence[int], mixed_chance: FloatArray, sha
     reserve = Reserve.of([pooled for _, pooled in splits], mixed_chance.tolist())
     draws = []
     for tree, ((kept, pooled), chance) in enumerate(zip(splits, mixed_chance.tolist(), strict=True)):
-        can_branch = forest.bare_trials[tree] > 0 and not candidates[tree].blocked.all()
-        drawn, reserve = reserve.draw(pooled, chance, agrees=not mixed[tree], can_branch=can_branch)
+        branches = can_branch(candidates[tree])
+        drawn, reserve = reserve.draw(pooled, chance, agrees=not mixed[tree], can_branch=branches)
         draws.append(kept + drawn)
     return draws
 
@@ -912,17 +913,16 @@ def _plan_round(
                 cost = np.array(costs, dtype=np.float64)
             else:
                 units = math.floor(units / float(np.mean(costs)))
-        placement = strategy.rules.prefixes.place(
-            PrefixInputs(
-                budget=units,
-                cost=cost,
-                outcome=candidate.outcome,
-                blocked=candidate.blocked,
-                predicted=estimates[tree],
-                bare_successes=forest.bare_successes[tree],
-                bare_trials=forest.bare_trials[tree],
-                rng=rng,
-            )
+        placement = place_round(
+            strategy.rules,
+            candidate,
+            units,
+            predicted=estimates[tree],
+            bare_successes=forest.bare_successes[tree],
+            bare_trials=forest.bare_trials[tree],
+            fallback=True,
+            rng=rng,
+            cost=cost,
         )
         counts = placement.counts
         ledger.fallback_units += placement.fallback_units

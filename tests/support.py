@@ -4,10 +4,14 @@ tests, benchmarks and the demo share."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import uuid
+from collections.abc import AsyncIterator
 
 from trace_proto import ExpandEvent
+from trace_service.app import create_app
+from trace_service.engine import Engine
 from trace_service.settings import Settings
 
 
@@ -23,6 +27,14 @@ def make_settings(store_url: str = "", **overrides: object) -> Settings:
     }
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]
+
+
+@contextlib.asynccontextmanager
+async def running_engine(store_url: str = "", **settings: object) -> AsyncIterator[Engine]:
+    """The app's engine in this test's event loop, its sweeper slowed so that the test drives it."""
+    app = create_app(make_settings(store_url, sweep_interval_seconds=3600, **settings))
+    async with app.router.lifespan_context(app):
+        yield app.state.engine
 
 
 _ids = itertools.count()

@@ -27,13 +27,13 @@ The budget unit is the generated token: uniform takes `--steps` steps with R = M
 rollouts; every other arm (M bare, expansion N) steps on until it has generated as many tokens as
 uniform did (at most twice the steps). Reported per task and seed: held-out accuracy (greedy pass@1,
 and sampled pass@1 over `--eval-samples` episodes per prompt, on a fixed test set of another seed)
-after each step against cumulative generated tokens; each arm's accuracy at uniform's total tokens
-(and, sampled, at uniform's total rollouts: the equal-rollouts comparison); the tokens it needed to
-reach uniform's final sampled accuracy as a fraction of uniform's (the first crossing, linear between
-steps); the share of mixed groups. Then mean ± spread over seeds, and curves as PNGs in
-`bench/results/`. Each (task, seed)'s curves are saved in `bench/results/lm-runs/` under a key of every
-argument that shapes them, so a matrix can run in parts (one process per task, `--threads 1`) and the
-full command then reports it without running anything again.
+every `--eval-every` updates (and after an arm's last) against cumulative generated tokens; each arm's
+accuracy at uniform's total tokens (and, sampled, at uniform's total rollouts: the equal-rollouts
+comparison); the tokens it needed to reach uniform's final sampled accuracy as a fraction of uniform's
+(the first crossing, linear between evaluations); the share of mixed groups. Then mean ± spread over
+seeds, and curves as PNGs in `bench/results/`. Each (task, seed)'s curves are saved in
+`bench/results/lm-runs/` under a key of every argument that shapes them, so a matrix can run in parts
+(one process per task, `--threads 1`) and the full command then reports it without running again.
 """
 
 from __future__ import annotations
@@ -324,14 +324,25 @@ def warm_started(
 
 @dataclass
 class TokenCurve:
-    """One arm's run: held-out accuracy after 0, 1, … updates against cumulative generated tokens."""
+    """One arm's run: cumulative generated tokens and rollouts after 0, 1, … updates, and held-out
+    accuracy after the updates listed in ``evaluated`` (0: the warm start)."""
 
     greedy: list[float] = field(default_factory=list)
     sampled: list[float] = field(default_factory=list)
+    evaluated: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=lambda: [0])
     rollouts: list[int] = field(default_factory=lambda: [0])
     mixed: list[int] = field(default_factory=list)
     active: list[int] = field(default_factory=list)
+
+    def evaluated_at(self, costs: Sequence[int]) -> list[int]:
+        """``costs`` (tokens or rollouts) at each evaluation."""
+        return [costs[update] for update in self.evaluated]
+
+    def record_accuracy(self, greedy: float, sampled: float) -> None:
+        self.greedy.append(greedy)
+        self.sampled.append(sampled)
+        self.evaluated.append(len(self.tokens) - 1)
 
 
 def build_arms(names: Sequence[str], bare: int, expansion: float) -> list[Arm]:
@@ -446,8 +457,7 @@ async def run_task_seed(
         start_greedy, start_sampled = accuracy(runs[0].policy, test, args.eval_samples)
         print_histogram(task, runs[0].policy, test)
         for run in runs:
-            run.curve.greedy.append(start_greedy)
-            run.curve.sampled.append(start_sampled)
+            run.curve.record_accuracy(start_greedy, start_sampled)
         uniform = next(run for run in runs if run.arm.name == UNIFORM)
         started = time.perf_counter()
         for step in itertools.count():
@@ -457,9 +467,9 @@ async def run_task_seed(
             pool = stream[(step * args.pool) % len(stream) :][: args.pool]
             for run in stepping:  # one at a time: the machine's cores go to one arm's sampling
                 await run.step(step, pool)
-                greedy, sampled = accuracy(run.policy, test, args.eval_samples)
-                run.curve.greedy.append(greedy)
-                run.curve.sampled.append(sampled)
+                last = not takes_step(run.curve, uniform.curve, step + 1, args.steps)
+                if last or (step + 1) % args.eval_every == 0:
+                    run.curve.record_accuracy(*accuracy(run.policy, test, args.eval_samples))
             await asyncio.gather(
                 *(
                     wait_for_training(run.client, args.train_wait)
@@ -535,13 +545,15 @@ def arm_figures(curves: dict[str, TokenCurve]) -> dict[str, ArmFigures]:
     target, horizon = uniform.sampled[-1], uniform.tokens[-1]
     figures = {}
     for name, curve in curves.items():
-        mine = cost_to_reach(curve.tokens, curve.sampled, target)
-        theirs = cost_to_reach(uniform.tokens, uniform.sampled, target)
+        mine = cost_to_reach(curve.evaluated_at(curve.tokens), curve.sampled, target)
+        theirs = cost_to_reach(uniform.evaluated_at(uniform.tokens), uniform.sampled, target)
         ratio = mine / theirs if target > uniform.sampled[0] and mine is not None and theirs else None
         figures[name] = ArmFigures(
-            final_greedy=success_at(curve.tokens, curve.greedy, horizon),
-            final_sampled=success_at(curve.tokens, curve.sampled, horizon),
-            sampled_at_rollouts=success_at(curve.rollouts, curve.sampled, uniform.rollouts[-1]),
+            final_greedy=success_at(curve.evaluated_at(curve.tokens), curve.greedy, horizon),
+            final_sampled=success_at(curve.evaluated_at(curve.tokens), curve.sampled, horizon),
+            sampled_at_rollouts=success_at(
+                curve.evaluated_at(curve.rollouts), curve.sampled, uniform.rollouts[-1]
+            ),
             tokens_ratio=ratio,
             mixed_share=sum(curve.mixed) / max(1, sum(curve.active)),
         )
@@ -582,12 +594,15 @@ def plot(results: dict[str, dict[int, dict[str, TokenCurve]]], out: Path) -> lis
         figure, axes = plt.subplots(figsize=(8, 5))
         for name, color in line_colors(list(next(iter(per_seed.values())))).items():
             curves = [curves[name] for curves in per_seed.values()]
-            points = min(len(curve.greedy) for curve in curves)
-            tokens = np.mean([c.tokens[:points] for c in curves], axis=0)
-            axes.plot(tokens, np.mean([c.sampled[:points] for c in curves], axis=0), label=name, color=color)
-            axes.plot(
-                tokens, np.mean([c.greedy[:points] for c in curves], axis=0), color=color, linestyle=":"
-            )
+            # Each seed's curve on one grid up to the shortest run's tokens, then the mean.
+            tokens = np.linspace(0, min(c.tokens[c.evaluated[-1]] for c in curves), 64)
+            for kind, style in (("sampled", "-"), ("greedy", ":")):
+                mean = np.mean(
+                    [np.interp(tokens, c.evaluated_at(c.tokens), getattr(c, kind)) for c in curves], axis=0
+                )
+                axes.plot(
+                    tokens, mean, color=color, linestyle=style, label=name if kind == "sampled" else None
+                )
         axes.set_xlabel("cumulative generated tokens")
         axes.set_ylabel("held-out pass@1: sampled (solid), greedy (dotted)")
         axes.grid(alpha=0.3)
@@ -619,6 +634,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warm-steps", type=int, default=800, help="supervised steps of the warm start")
     parser.add_argument("--test-prompts", type=int, default=128, help="held-out prompts evaluated")
     parser.add_argument("--eval-samples", type=int, default=4, help="sampled episodes per held-out prompt")
+    parser.add_argument(
+        "--eval-every", type=int, default=4, help="updates between evaluations (and after an arm's last)"
+    )
     parser.add_argument("--features", type=int, default=0, help="hidden-state features sent per prefix")
     parser.add_argument("--d-model", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)
@@ -634,14 +652,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.arms, args.steps, args.pool, args.budget = "uniform,trace", 2, 8, 16
         args.warm_steps, args.test_prompts, args.eval_samples, args.d_model = 30, 16, 1, 32
+        args.eval_every = 1
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.tasks = comma_list(args.task)
     args.arms = comma_list(args.arms)
     unknown = [name for name in args.tasks if name not in TASKS] + [a for a in args.arms if a not in ALL_ARMS]
     if unknown:
         parser.error(f"unknown tasks or arms: {unknown}")
-    if UNIFORM not in args.arms:
-        args.arms.insert(0, UNIFORM)  # every figure is relative to uniform
+    # Every figure is relative to uniform, which steps first: the others read its tokens.
+    args.arms = [UNIFORM, *(arm for arm in args.arms if arm != UNIFORM)]
     return args
 
 

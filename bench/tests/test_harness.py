@@ -282,7 +282,7 @@ def test_shared_draws_leave_mixed_trees_their_kept_part_and_never_exceed_the_sha
     sharing = POLICIES[policy].sharing
     assert sharing is not None
     workload, pool = fresh_pool()
-    forest = harness._Forest(pool[:16], [4] * 16, sharing=sharing)
+    forest = harness._Forest(pool[:16], [4] * 16, POLICIES[policy])
     harness._run_bare(workload, forest, harness._Ledger(None), np.random.default_rng(0))
     shares = [4] * 16
     draws = harness._draws(forest, shares, np.full(16, 0.5), sharing)
@@ -300,9 +300,8 @@ def test_shared_draws_leave_mixed_trees_their_kept_part_and_never_exceed_the_sha
 def test_under_trace_agreeing_trees_branch_from_first_turns_and_mixed_trees_anywhere() -> None:
     """`trace`'s sharing: the candidates of a tree whose bare rollouts agree are its first turns; a tree
     whose bare rollouts are mixed keeps every depth the request allows."""
-    sharing = POLICIES[Policy.TRACE].sharing
     workload, pool = fresh_pool()
-    forest = harness._Forest(pool[:32], [4] * 32, sharing=sharing)
+    forest = harness._Forest(pool[:32], [4] * 32, POLICIES[Policy.TRACE])
     harness._run_bare(workload, forest, harness._Ledger(None), np.random.default_rng(0))
     successes, visits, _ = forest.outcomes()
     mixed = is_mixed(successes, visits)
@@ -311,7 +310,7 @@ def test_under_trace_agreeing_trees_branch_from_first_turns_and_mixed_trees_anyw
     assert any(
         max(depth, default=0) > 1 for depth, is_mixed_tree in zip(depths, mixed, strict=True) if is_mixed_tree
     )
-    unlimited = harness._Forest(pool[:32], [4] * 32)
+    unlimited = harness._Forest(pool[:32], [4] * 32, POLICIES[Policy.TRACE_PAPER])
     harness._run_bare(workload, unlimited, harness._Ledger(None), np.random.default_rng(0))
     deepest = [
         max((unlimited.states[n].turns for n in found.nodes.tolist()), default=0)

@@ -5,30 +5,19 @@ No stuck trees, no 5xx on bad input, bounded work per request, semantics that sa
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from support import make_settings, rollout, turn
+from support import make_settings, rollout, running_engine, turn
 
 from trace_client.local import ThreadedService, free_port
 from trace_proto import AllocateRequest, Policy, PromptIn, TreeResponse
 from trace_proto.v1 import limits
-from trace_service.app import create_app
-from trace_service.engine import Engine, IdempotencyConflictError
-
-
-@contextlib.asynccontextmanager
-async def running_engine(store_url: str = "", **settings: object) -> AsyncIterator[Engine]:
-    """The app's engine in this test's event loop, its sweeper slowed so that the test drives it."""
-    app = create_app(make_settings(store_url, sweep_interval_seconds=3600, **settings))
-    async with app.router.lifespan_context(app):
-        yield app.state.engine
-
+from trace_service.engine import IdempotencyConflictError
 
 # --- 1. one event must not freeze a tree -----------------------------------------------------------
 

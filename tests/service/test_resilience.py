@@ -3,29 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 from redis.exceptions import DataError
-from support import make_settings, rollout, turn
+from support import make_settings, rollout, running_engine, turn
 
 from trace_client import AsyncTraceClient, TraceClient
 from trace_client.local import RedisServer, ThreadedService, free_port
 from trace_proto import AllocateRequest, PromptIn
-from trace_service.app import create_app
-from trace_service.engine import Engine, maintenance
-
-
-@contextlib.asynccontextmanager
-async def running_engine(store_url: str) -> AsyncIterator[Engine]:
-    """The app's engine in this test's event loop, its own sweeper slowed so that the test drives it."""
-    app = create_app(make_settings(store_url, sweep_interval_seconds=3600))
-    async with app.router.lifespan_context(app):
-        yield app.state.engine
+from trace_service.engine import maintenance
 
 
 def one_prompt(client: TraceClient, budget: int = 4, expansion: float = 1.0) -> tuple[str, int, int]:

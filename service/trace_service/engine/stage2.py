@@ -13,12 +13,13 @@ from trace_proto import Instruction, Policy
 from trace_service.allocation import (
     POLICIES,
     Need,
-    PrefixInputs,
+    PolicyRules,
     Sharing,
     bare_mixed_chance,
     is_mixed,
     spread_evenly,
 )
+from trace_service.branching import can_branch, place_round, round_candidates
 from trace_service.engine.common import Clock, IntArray, fresh_ids
 from trace_service.engine.completion import Completion
 from trace_service.lifecycle import round_share
@@ -28,13 +29,9 @@ from trace_service.predictor import OutcomeCounts, Query
 from trace_service.runtime import PredictorRuntime
 from trace_service.settings import Settings
 from trace_service.store import StoredTree, TreeMeta, TreeStore
-from trace_service.tree import PrefixCandidates, prefix_candidates
+from trace_service.tree import PrefixCandidates
 
 logger = logging.getLogger(__name__)
-
-#: A Stage 2 round's placement: continuations per candidate node, the candidates' ids, Ṽ at them, the
-#: fallback units among the continuations, and the round's budget share.
-Placement = tuple[IntArray, list[str], dict[str, float], int, int]
 
 
 class Stage2:
@@ -81,20 +78,22 @@ class Stage2:
         self, tree_id: str, round_: int, token: str, inline: bool, tree: StoredTree
     ) -> tuple[list[Instruction], bool]:
         with self.metrics.stage2_duration.time():
+            rules = POLICIES[Policy(tree.meta.policy)]
+            try:
+                candidates: PrefixCandidates | None = await off_loop(
+                    len(tree.nodes), self._candidates, tree, rules
+                )
+            except Exception:
+                logger.exception("tree %s has no readable prefixes; its share is returned", tree_id)
+                candidates = None
             budget = None
-            sharing = POLICIES[Policy(tree.meta.policy)].sharing
-            if round_ == 1 and sharing is not None:
-                budget = await self._draw(tree, sharing)
+            if round_ == 1 and rules.sharing is not None:
+                branches = candidates is not None and can_branch(candidates)
+                budget = await self._draw(tree.meta, rules.sharing, branches)
                 tree = replace(tree, meta=replace(tree.meta, expansion_budget=budget))
             meta = tree.meta
-            try:
-                counts, node_ids, predictions, fallback, share = await self._prefix_counts(tree, round_)
-            except (RedisError, OSError):
-                raise  # the store is down: the claim lapses and the sweeper decides again
-            except Exception:
-                # A decision that cannot be made must not leave the tree waiting for it forever.
-                logger.exception("Stage 2 of tree %s failed; its continuations are spread evenly", tree_id)
-                counts, node_ids, predictions, fallback, share = self._fallback_counts(tree, round_)
+            share = _round_share(meta, round_)
+            counts, node_ids, predictions, fallback = await self._placement(tree, rules, candidates, share)
             placed = [(node_ids[i], count) for i, count in enumerate(counts.tolist()) if count > 0]
             instructions = [
                 Instruction(instruction_id=instruction_id, tree_id=tree_id, node_id=node_id, count=count)
@@ -130,12 +129,11 @@ class Stage2:
             await self.completion.completed(tree_id, meta)
         return instructions, completed
 
-    async def _draw(self, tree: StoredTree, sharing: Sharing) -> int:
+    async def _draw(self, meta: TreeMeta, sharing: Sharing, branches: bool) -> int:
         """The tree's continuations: the part of its share it keeps, and its draw from its allocation's
         shared reserve of the pooled parts (``allocation.reserve``): it takes when its bare rollouts
-        agree and it has a prefix to branch from (a turn that is not a leaf); else it leaves its pooled
+        agree and it ``branches`` (``trace_service.branching.can_branch``); else it leaves its pooled
         part to the allocation's other trees."""
-        meta = tree.meta
         kept, pooled = sharing.split(meta.expansion_budget)
         return kept + await self.store.draw_continuations(
             meta.job,
@@ -144,66 +142,60 @@ class Stage2:
             share=pooled,
             mixed_chance=float(bare_mixed_chance(meta.predicted_success, meta.rollouts)),
             agrees=not is_mixed(meta.bare_successes, meta.bare_leaves),
-            can_branch=any(not node.done for node in tree.nodes),
+            can_branch=branches,
         )
 
-    def _candidates(self, tree: StoredTree) -> PrefixCandidates:
-        """The tree's branching candidates, within the depth its request (and, for a tree whose bare
-        rollouts agree, its policy's sharing) allows."""
+    def _candidates(self, tree: StoredTree, rules: PolicyRules) -> PrefixCandidates:
         meta = tree.meta
-        sharing = POLICIES[Policy(meta.policy)].sharing
-        depth = meta.max_branch_depth
-        if sharing is not None:
-            agrees = not is_mixed(meta.bare_successes, meta.bare_leaves)
-            depth = sharing.branch_depth(agrees=agrees, requested=depth)
-        return prefix_candidates(tree.targets(self.settings.success_threshold), depth)
+        targets = tree.targets(self.settings.success_threshold)
+        return round_candidates(targets, rules, meta.max_branch_depth, meta.bare_successes, meta.bare_leaves)
 
-    def _fallback_counts(self, tree: StoredTree, round_: int) -> Placement:
-        """What :meth:`_prefix_counts` returns when its rule failed: the share spread evenly over the
-        candidates and counted as fallback, or returned (the caller asked for that, or not even the
-        candidates are known)."""
-        share = _round_share(tree.meta, round_)
-        nothing: Placement = np.zeros(0, dtype=np.int64), [], {}, 0, share
-        if tree.meta.return_unspent:
-            return nothing
-        try:
-            candidates = self._candidates(tree)
-        except Exception:
-            logger.exception("tree %s has no readable prefixes; its share is returned", tree.meta.tree_id)
-            return nothing
-        node_ids = [tree.nodes[i].node_id for i in candidates.nodes]
-        counts = spread_evenly(np.ones(len(node_ids), dtype=bool), share)
-        return counts, node_ids, {}, int(counts.sum()), share
-
-    async def _prefix_counts(self, tree: StoredTree, round_: int) -> Placement:
-        """Stage 2 for one round of ``tree``, by its policy's rule."""
+    async def _placement(
+        self, tree: StoredTree, rules: PolicyRules, candidates: PrefixCandidates | None, share: int
+    ) -> tuple[IntArray, list[str], dict[str, float], int]:
+        """The round's continuations per candidate by the policy's rule (``branching.place_round``),
+        the candidates' ids, Ṽ at them when the rule reads it, and the units its fallback placed.  A
+        rule that fails spreads the share evenly (all fallback); without readable candidates nothing
+        is placed."""
         meta = tree.meta
-        share = _round_share(meta, round_)
-        size = len(tree.nodes)
-        candidates = await off_loop(size, self._candidates, tree)
+        if candidates is None:
+            return np.zeros(0, dtype=np.int64), [], {}, 0
         node_ids = [tree.nodes[i].node_id for i in candidates.nodes]
-        if not node_ids or share == 0:
-            return np.zeros(len(node_ids), dtype=np.int64), node_ids, {}, 0, share
-        rule = POLICIES[Policy(meta.policy)].prefixes
         p, predictions = None, {}
-        if Need.PREFIX_PREDICTIONS in rule.needs:
-            _, encoded = await off_loop(size, self.predictor.encode_tree, tree, candidates.nodes.tolist())
-            outcomes = OutcomeCounts(*meta.prior_outcomes)
-            _, p = await self.predictor.predict([Query(encoded[node_id], outcomes) for node_id in node_ids])
-            predictions = {node_id: float(value) for node_id, value in zip(node_ids, p, strict=True)}
-        placement = rule.place(
-            PrefixInputs(
-                budget=share,
-                outcome=candidates.outcome,
-                blocked=candidates.blocked,
-                fallback=not meta.return_unspent,
+        try:
+            if node_ids and share > 0 and Need.PREFIX_PREDICTIONS in rules.prefixes.needs:
+                size = len(tree.nodes)
+                _, encoded = await off_loop(size, self.predictor.encode_tree, tree, candidates.nodes.tolist())
+                outcomes = OutcomeCounts(*meta.prior_outcomes)
+                queries = [Query(encoded[node_id], outcomes) for node_id in node_ids]
+                _, p = await self.predictor.predict(queries)
+                predictions = {node_id: float(value) for node_id, value in zip(node_ids, p, strict=True)}
+            placement = place_round(
+                rules,
+                candidates,
+                share,
                 predicted=p,
                 bare_successes=meta.bare_successes,
                 bare_trials=meta.bare_leaves,
+                fallback=not meta.return_unspent,
                 rng=self._rng,
             )
-        )
-        return placement.counts, node_ids, predictions, placement.fallback_units, share
+        except (RedisError, OSError):
+            raise  # the store is down: the claim lapses and the sweeper decides again
+        except Exception:
+            # A decision that cannot be made must not leave the tree waiting for it forever.
+            logger.exception("Stage 2 of tree %s failed; its continuations are spread evenly", meta.tree_id)
+            counts = _spread(meta, len(node_ids), share)
+            return counts, node_ids, {}, int(counts.sum())
+        return placement.counts, node_ids, predictions, placement.fallback_units
+
+
+def _spread(meta: TreeMeta, candidates: int, share: int) -> IntArray:
+    """What a round places when its rule failed: the share spread evenly over the candidates (all
+    fallback), or nothing when the caller asked for its unspent share back."""
+    if meta.return_unspent:
+        return np.zeros(candidates, dtype=np.int64)
+    return spread_evenly(np.ones(candidates, dtype=bool), share)
 
 
 def _round_share(meta: TreeMeta, round_: int) -> int:
