@@ -21,6 +21,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY proto/trace_proto proto/trace_proto
 COPY client/trace_client client/trace_client
+COPY lab/trace_lab lab/trace_lab
 COPY service/trace_service service/trace_service
 RUN pip install "/src[service]"
 

@@ -40,8 +40,8 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from trace_client.sim import Prompt, RolloutState
-from trace_client.sim.base import Workload
+from trace_lab.sim import Prompt, RolloutState
+from trace_lab.sim.base import Workload
 from trace_proto import Policy
 from trace_service.allocation import (
     POLICIES,

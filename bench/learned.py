@@ -10,7 +10,7 @@ import numpy.typing as npt
 import torch
 
 from bench.harness import FinishedTree, Query
-from trace_client.sim import Prompt, RolloutState
+from trace_lab.sim import Prompt, RolloutState
 from trace_service.predictor import (
     EncodedHistory,
     OutcomeCounts,

@@ -90,11 +90,11 @@ from bench.protocol import (
 )
 from trace_client import AsyncTraceClient
 from trace_client.driver import DriverConfig, FinishedTree, RolloutDriver
-from trace_client.local import RedisServer, ServiceProcess
-from trace_client.sim import FAMILIES, Prompt, RolloutState, make_workload
-from trace_client.sim.base import PolicyWorkload
-from trace_client.sim.tabular import softmax_rows as softmax  # π_θ(· | c) row by row
-from trace_client.sim.workers import SimAgent, prompt_in
+from trace_lab.local import RedisServer, ServiceProcess
+from trace_lab.sim import FAMILIES, Prompt, RolloutState, make_workload
+from trace_lab.sim.base import PolicyWorkload
+from trace_lab.sim.tabular import softmax_rows as softmax  # π_θ(· | c) row by row
+from trace_lab.sim.workers import SimAgent, prompt_in
 from trace_proto import AllocateRequest, Policy
 from trace_service.allocation import POLICIES
 from trace_service.tree import FreshnessEstimate, tree_targets

@@ -38,7 +38,7 @@ from pathlib import Path
 import httpx
 import redis
 
-from trace_client.local import RedisServer, ServiceProcess
+from trace_lab.local import RedisServer, ServiceProcess
 
 #: Seconds between two health probes.
 PROBE_INTERVAL = 0.02

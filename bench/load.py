@@ -13,8 +13,8 @@ exercises the service's bookkeeping, not its predictor.
 A worker's call goes to its own replica first and fails over to the other one on a refused connection, a
 timeout or a 5xx; every call is safe to repeat (events carry their ids, allocations an idempotency key).
 Trees still unfinished at a step's deadline are closed by the trainer.  The load and its audit are
-`trace_client.load` (the fault and cluster tests drive the same), Redis and the replicas come from
-`trace_client.local`.
+`trace_lab.load` (the fault and cluster tests drive the same), Redis and the replicas come from
+`trace_lab.local`.
 
 Scenarios (run in this order):
   baseline       the load as is: events/s and report latency the service holds
@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from trace_client.load import (
+from trace_lab.load import (
     FAULT_TOLERANT_SETTINGS,
     Audit,
     Fault,
@@ -56,7 +56,7 @@ from trace_client.load import (
     export_run,
     percentile,
 )
-from trace_client.local import RedisServer, ServiceProcess
+from trace_lab.local import RedisServer, ServiceProcess
 
 #: In the order they run on one fleet: a killed replica stays dead, so that scenario comes last.
 SCENARIOS = ("baseline", "storm", "redis-restart", "replica-kill")

@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from trace_client.sim import RolloutState, SimConfig, SimWorkload, VocabularyConfig
+from trace_lab.sim import RolloutState, SimConfig, SimWorkload, VocabularyConfig
 from trace_service.predictor import (
     EncodedHistory,
     HistoryFeaturizer,

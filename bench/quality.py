@@ -62,7 +62,7 @@ from bench.protocol import (
     mean_std,
     protocol_line,
 )
-from trace_client.sim import FAMILIES, make_workload
+from trace_lab.sim import FAMILIES, make_workload
 from trace_service.predictor import PredictorConfig
 
 #: Each estimator for one run seed. The learned predictor's own seed (its initial weights, minibatches

@@ -42,8 +42,8 @@ from typing import Any
 
 import httpx
 
-from trace_client.load import percentile
-from trace_client.local import RedisServer, ServiceProcess
+from trace_lab.load import percentile
+from trace_lab.local import RedisServer, ServiceProcess
 
 
 def cpu_seconds(pid: int) -> float:

@@ -1,5 +1,5 @@
 """Fixtures shared by the whole suite: a throwaway redis-server and live service instances, from
-`trace_client.local` (the one harness of tests, benchmarks and the demo)."""
+`trace_lab.local` (the one harness of tests, benchmarks and the demo)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from support import make_settings
 
-from trace_client.local import RedisNotInstalled, RedisServer, ThreadedService
+from trace_lab.local import RedisNotInstalled, RedisServer, ThreadedService
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
 """Test support: settings for tests and events to send.  The service on them
-(`ThreadedService.from_settings`), servers and Redis come from `trace_client.local`, the harness that
+(`ThreadedService.from_settings`), servers and Redis come from `trace_lab.local`, the harness that
 tests, benchmarks and the demo share."""
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ from bench.plotting import line_colors
 from bench.protocol import comma_list, mean_spread
 from trace_client import AsyncTraceClient
 from trace_client.driver import DriverConfig, FinishedTree, History, RolloutDriver, TurnResult
-from trace_client.local import ServiceProcess
+from trace_lab.local import ServiceProcess
 from trace_proto import AllocateRequest, Policy, PromptIn
 
 UNIFORM = "uniform"

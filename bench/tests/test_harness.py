@@ -24,7 +24,7 @@ from bench.harness import (
     run_step,
     run_strategy,
 )
-from trace_client.sim import FAMILIES, Prompt, RolloutState, VocabularyConfig, Workload, make_workload
+from trace_lab.sim import FAMILIES, Prompt, RolloutState, VocabularyConfig, Workload, make_workload
 from trace_proto import Policy
 from trace_service.allocation import POLICIES, is_mixed
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import bench.harness as harness
 from bench.harness import KnowableRoots, Query, declared_text_noise
-from trace_client.sim import Prompt, RolloutState, Turn, make_workload
+from trace_lab.sim import Prompt, RolloutState, Turn, make_workload
 
 
 def _roots(successes: Sequence[float], outcomes: Sequence[tuple[int, int]]) -> list[Query]:

@@ -10,7 +10,7 @@ from tiny_policy_workload import TinyPolicyWorkload
 from bench.harness import FinishedTree as ForestTree
 from bench.learning import SampledTurns, forest_tree_turns, policy_gradient, service_tree_turns
 from trace_client.driver import FinishedTree, TurnResult
-from trace_client.sim import RolloutState
+from trace_lab.sim import RolloutState
 from trace_proto import PromptIn, TreeAllocation, TreeNode, TreeResponse, TreeStatus
 
 # Task: success depends on both actions; θ away from uniform so every coordinate has its own gradient.

@@ -18,7 +18,7 @@ from bench.harness import (
     posterior_estimator,
     run_step,
 )
-from trace_client.sim import FAMILIES, VocabularyConfig
+from trace_lab.sim import FAMILIES, VocabularyConfig
 from trace_proto import Policy
 
 make_react = functools.partial(

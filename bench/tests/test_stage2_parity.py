@@ -13,8 +13,8 @@ import pytest
 from support import rollout, running_engine
 
 from bench import harness
-from trace_client.sim import Prompt, RolloutState
-from trace_client.sim.state import Turn
+from trace_lab.sim import Prompt, RolloutState
+from trace_lab.sim.state import Turn
 from trace_proto import AllocateRequest, ExpandEvent, Policy, PromptIn
 from trace_service.allocation import POLICIES, bare_mixed_chance
 from trace_service.tree import ROOT

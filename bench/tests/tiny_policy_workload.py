@@ -9,8 +9,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from bench.learning import softmax
-from trace_client.sim import Prompt, RolloutState, Turn
-from trace_client.sim.base import FloatArray, PolicyWorkload
+from trace_lab.sim import Prompt, RolloutState, Turn
+from trace_lab.sim.base import FloatArray, PolicyWorkload
 
 
 class TinyPolicyWorkload(PolicyWorkload):

@@ -10,9 +10,9 @@ from support import make_settings
 from trace_client import AsyncTraceClient
 from trace_client.adapters import token_trajectories
 from trace_client.driver import History, RolloutDriver, TurnResult, TurnTokens
-from trace_client.local import ThreadedService
-from trace_client.sim import SimConfig, SimWorkload
-from trace_client.sim.workers import SimAgent, prompt_in
+from trace_lab.local import ThreadedService
+from trace_lab.sim import SimConfig, SimWorkload
+from trace_lab.sim.workers import SimAgent, prompt_in
 from trace_proto import AllocateRequest
 
 

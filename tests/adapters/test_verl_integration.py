@@ -32,8 +32,8 @@ from trace_client import TraceClient
 from trace_client.driver import History, TurnResult, TurnTokens
 from trace_client.integrations import verl as integration
 from trace_client.integrations.verl import dry_run
-from trace_client.local import ThreadedService
-from trace_client.sim import SimConfig, SimWorkload
+from trace_lab.local import ThreadedService
+from trace_lab.sim import SimConfig, SimWorkload
 from trace_proto import PromptIn
 
 # n0 ─┬─ n1 (leaf 1.0)      n3 ── n4 (leaf 0.0)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from trace_client.demo import cli as demo_cli
+from trace_lab.demo import cli as demo_cli
 from trace_service import __version__, cli
 from trace_service.logs import JsonFormatter
 from trace_service.settings import Settings

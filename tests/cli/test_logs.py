@@ -12,7 +12,7 @@ import time
 
 import httpx
 
-from trace_client.local import free_port, wait_for_port
+from trace_lab.local import free_port, wait_for_port
 from trace_service.logs import TEXT_FORMAT, JsonFormatter, RequestIdFilter
 from trace_service.middleware import REQUEST_ID
 

@@ -78,7 +78,7 @@ def test_the_base_client_surface_imports_without_numpy() -> None:
         import trace_client.adapters.skyrl
         import trace_client.adapters.verl
         import trace_client.driver
-        import trace_client.local
+        import trace_lab.local
         import trace_proto
         from trace_client import AsyncTraceClient, TraceClient
         from trace_client.driver import DriverConfig, RolloutDriver
@@ -92,7 +92,7 @@ def test_the_base_client_surface_imports_without_numpy() -> None:
         asyncio.run(main())
         assert "numpy" not in sys.modules
         try:
-            import trace_client.sim
+            import trace_lab.sim
         except ModuleNotFoundError as error:
             assert error.name == "numpy", error
         else:

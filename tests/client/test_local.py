@@ -1,4 +1,4 @@
-"""trace_client.local, the harness of tests, benchmarks and the demo: ports, a throwaway redis-server that
+"""trace_lab.local, the harness of tests, benchmarks and the demo: ports, a throwaway redis-server that
 restarts on its port and data, the service as a subprocess and in a thread, and clear errors when a
 binary is missing or a process dies."""
 
@@ -16,7 +16,7 @@ import pytest
 import redis
 from support import make_settings
 
-from trace_client.local import (
+from trace_lab.local import (
     RedisNotInstalled,
     RedisServer,
     ServiceProcess,
@@ -57,7 +57,7 @@ def test_wait_for_port_stops_waiting_when_the_process_exits(tmp_path: Path) -> N
 
 def test_the_import_pulls_in_neither_the_service_nor_uvicorn() -> None:
     """The base client install has neither: only what starts a service may import them."""
-    probe = "import sys, trace_client.local; print(sorted({'trace_service', 'uvicorn'} & set(sys.modules)))"
+    probe = "import sys, trace_lab.local; print(sorted({'trace_service', 'uvicorn'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

@@ -12,8 +12,8 @@ import redis
 from support import make_settings, rollout
 
 from trace_client import TraceClient
-from trace_client.load import Ledger, LoadConfig, LoadRun, Replicas, export_run
-from trace_client.local import RedisCluster, RedisNotInstalled, ThreadedService
+from trace_lab.load import Ledger, LoadConfig, LoadRun, Replicas, export_run
+from trace_lab.local import RedisCluster, RedisNotInstalled, ThreadedService
 from trace_proto import AllocateRequest, ExpandEvent, Instruction, PromptIn, TreeStatus
 
 _TREES = 12  # all on one master by chance: 3 · 3⁻¹² ≈ 6e-6

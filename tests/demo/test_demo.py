@@ -1,5 +1,5 @@
 """`trace-rollout-demo`: a tiny end-to-end run in process, the command against a running service (one-line
-errors, `--json`, help texts), `python -m trace_client.demo`, and the table."""
+errors, `--json`, help texts), `python -m trace_lab.demo`, and the table."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from support import make_settings
 
-from trace_client.demo import cli, loop
-from trace_client.demo.config import DemoConfig
-from trace_client.demo.report import DemoReport, PolicyRun, comparison_table
-from trace_client.local import ThreadedService
+from trace_lab.demo import cli, loop
+from trace_lab.demo.config import DemoConfig
+from trace_lab.demo.report import DemoReport, PolicyRun, comparison_table
+from trace_lab.local import ThreadedService
 from trace_proto import JobStats, Policy, PredictorInfo, StepStats
 
 TINY_DEMO = ["--steps", "1", "--pool", "6", "--budget", "12", "--prompts", "24", "--policies", "uniform"]
@@ -211,9 +211,9 @@ def test_every_option_has_help_and_shows_its_default() -> None:
 
 
 def test_python_m_runs_the_command() -> None:
-    """`python -m trace_client.demo` is the same command (here its help, plain text under 100 columns)."""
+    """`python -m trace_lab.demo` is the same command (here its help, plain text under 100 columns)."""
     done = subprocess.run(
-        [sys.executable, "-m", "trace_client.demo", "--help"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "trace_lab.demo", "--help"], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: trace-rollout-demo ")
@@ -239,7 +239,7 @@ def test_without_the_service_extra_the_in_process_demo_is_one_line(tmp_path: Pat
                 return None
 
         sys.meta_path.insert(0, RefuseFastapi())
-        from trace_client.demo.cli import main
+        from trace_lab.demo.cli import main
 
         sys.exit(main(sys.argv[1:]))
         """

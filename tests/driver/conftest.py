@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from driver_support import quiet_settings
 
-from trace_client.local import ThreadedService
-from trace_client.sim import SimConfig, SimWorkload
-from trace_client.sim.workers import SimAgent
+from trace_lab.local import ThreadedService
+from trace_lab.sim import SimConfig, SimWorkload
+from trace_lab.sim.workers import SimAgent
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ from support import make_settings
 
 from trace_client import AsyncTraceClient
 from trace_client.driver import StepResult
-from trace_client.sim import SimWorkload
-from trace_client.sim.workers import prompt_in
+from trace_lab.sim import SimWorkload
+from trace_lab.sim.workers import prompt_in
 from trace_proto import AllocateRequest, TreeStatus
 from trace_service.settings import Settings
 

@@ -27,9 +27,9 @@ from trace_client import (
     TraceUnavailable,
 )
 from trace_client.driver import DriverConfig, RolloutDriver
-from trace_client.local import ThreadedService
-from trace_client.sim import SimWorkload
-from trace_client.sim.workers import SimAgent
+from trace_lab.local import ThreadedService
+from trace_lab.sim import SimWorkload
+from trace_lab.sim.workers import SimAgent
 from trace_proto import AllocateRequest, ExpandEvent, PromptIn, paths
 from trace_service.app import create_app
 

@@ -14,9 +14,9 @@ from driver_support import assert_every_promise_kept, step_request
 
 from trace_client import AsyncTraceClient, Backoff
 from trace_client.driver import DriverConfig, History, Progress, RolloutDriver, TurnResult
-from trace_client.local import ThreadedService
-from trace_client.sim import RolloutState, SimWorkload
-from trace_client.sim.workers import SimAgent
+from trace_lab.local import ThreadedService
+from trace_lab.sim import RolloutState, SimWorkload
+from trace_lab.sim.workers import SimAgent
 from trace_proto import ExpandEvent, ExpandRequest, Policy, TreeStatus, paths
 
 FAST_RETRIES = Backoff(initial_delay=0.01, max_delay=0.05)

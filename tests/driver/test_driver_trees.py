@@ -13,9 +13,9 @@ from driver_support import step_request
 
 from trace_client import AsyncTraceClient
 from trace_client.driver import DriverConfig, FinishedTree, History, Progress, RolloutDriver, TurnResult
-from trace_client.local import ThreadedService
-from trace_client.sim import SimWorkload
-from trace_client.sim.workers import SimAgent
+from trace_lab.local import ThreadedService
+from trace_lab.sim import SimWorkload
+from trace_lab.sim.workers import SimAgent
 from trace_proto import AllocateResponse, Policy, PromptIn, TreeStatus, paths
 
 

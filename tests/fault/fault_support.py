@@ -1,4 +1,4 @@
-"""Shared by the fault tests: replica settings for the load of `trace_client.load` (the one `bench/load.py`
+"""Shared by the fault tests: replica settings for the load of `trace_lab.load` (the one `bench/load.py`
 runs too), the audit's verdict, and a store call that fails once."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 from support import make_settings
 
-from trace_client.load import FAULT_TOLERANT_SETTINGS, Audit
+from trace_lab.load import FAULT_TOLERANT_SETTINGS, Audit
 from trace_service.settings import Settings
 from trace_service.store import RedisClient, TreeStore
 

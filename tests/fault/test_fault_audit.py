@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from trace_client.load import Audit, Ledger, audit, percentile
+from trace_lab.load import Audit, Ledger, audit, percentile
 from trace_proto import (
     ExpandEvent,
     ExpandResponse,

@@ -11,8 +11,8 @@ import pytest
 from fault_support import assert_clean, new_prefix, replica_settings
 
 from trace_client import AsyncTraceClient, TraceUnavailable
-from trace_client.load import Ledger, LoadConfig, LoadRun, Replicas, export_run
-from trace_client.local import RedisServer, ThreadedService
+from trace_lab.load import Ledger, LoadConfig, LoadRun, Replicas, export_run
+from trace_lab.local import RedisServer, ThreadedService
 
 #: A tree the fault leaves stuck would be closed at the step's deadline: "completed or explicitly
 #: closed" is the requirement (test_fault_store_windows.py pins each recovery path down).

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from fault_support import assert_clean, new_prefix, process_settings, replica_settings
 
-from trace_client.load import Ledger, LoadConfig, LoadRun, Replicas, export_run
-from trace_client.local import RedisServer, ServiceProcess, ThreadedService
+from trace_lab.load import Ledger, LoadConfig, LoadRun, Replicas, export_run
+from trace_lab.local import RedisServer, ServiceProcess, ThreadedService
 
 #: Two steps: the kill falls halfway through the second step's bare rollouts, with Stage 2 decisions,
 #: leases and inline instructions in flight on the victim.  A tree the fault leaves stuck is closed at

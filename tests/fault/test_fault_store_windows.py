@@ -19,7 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from support import rollout
 
 from trace_client import TraceClient, TraceUnavailable
-from trace_client.local import RedisServer, ThreadedService
+from trace_lab.local import RedisServer, ThreadedService
 from trace_proto import AllocateRequest, ExpandEvent, Instruction, Policy, PromptIn, TreeAllocation
 from trace_service.store import TreeStore, connect
 

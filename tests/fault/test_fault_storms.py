@@ -12,8 +12,8 @@ from fault_support import assert_clean, new_prefix, replica_settings
 from support import rollout
 
 from trace_client import AsyncTraceClient
-from trace_client.load import UNKNOWN_PARENT, Ledger, LoadConfig, LoadRun, Replicas, export_run
-from trace_client.local import RedisServer, ThreadedService
+from trace_lab.load import UNKNOWN_PARENT, Ledger, LoadConfig, LoadRun, Replicas, export_run
+from trace_lab.local import RedisServer, ThreadedService
 from trace_proto import AllocateRequest, ExpandEvent, ExpandResponse, Instruction, PromptIn, TreeStatus
 
 _COPIES = 3

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support import make_settings
 
-from trace_client.local import ThreadedService
+from trace_lab.local import ThreadedService
 from trace_service.metrics import METRIC_NAMES
 
 

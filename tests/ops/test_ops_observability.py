@@ -26,7 +26,7 @@ from ops_support import (
 )
 from prometheus_client import CollectorRegistry, start_http_server
 
-from trace_client.local import free_port
+from trace_lab.local import free_port
 from trace_service.metrics import Metrics
 
 ALERT_TESTS = Path(__file__).with_name("alert_rules_test.yaml")

@@ -9,7 +9,7 @@ import pytest
 from support import rollout, turn
 
 from trace_client import TraceClient
-from trace_client.local import ThreadedService
+from trace_lab.local import ThreadedService
 from trace_proto import AllocateRequest, ExpandResponse, Instruction, Policy, PromptIn
 
 

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from bench.liveness import HealthProbe
-from trace_client.local import ServiceProcess
+from trace_lab.local import ServiceProcess
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
 

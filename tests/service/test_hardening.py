@@ -14,7 +14,7 @@ import httpx
 import pytest
 from support import make_settings, rollout, running_engine, turn
 
-from trace_client.local import ThreadedService, free_port
+from trace_lab.local import ThreadedService, free_port
 from trace_proto import AllocateRequest, Policy, PromptIn, TreeResponse
 from trace_proto.v1 import limits
 from trace_service.engine import IdempotencyConflictError

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from support import make_settings
 
-from trace_client.local import ThreadedService
+from trace_lab.local import ThreadedService
 from trace_proto.v1 import limits
 
 #: Values no integer field of the contract takes.

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from bench.liveness import ROUTES, HealthProbe, allocate_one_tree, hostile_bodies, turn_events
-from trace_client.local import RedisServer, ServiceProcess
+from trace_lab.local import RedisServer, ServiceProcess
 
 #: The service's body limit here: the large bodies are as large as it allows.
 MAX_BODY = 4 << 20

@@ -11,7 +11,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from support import make_settings
 
-from trace_client.local import ThreadedService
+from trace_lab.local import ThreadedService
 from trace_service.cli import openapi_text
 
 OPENAPI = Path(__file__).resolve().parents[2] / "proto" / "openapi.v1.json"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from trace_client.local import ThreadedService
+from trace_lab.local import ThreadedService
 
 
 def test_readyz_answers_200_when_the_store_and_the_predictor_answer(service: ThreadedService) -> None:

@@ -12,7 +12,7 @@ from redis.exceptions import DataError
 from support import make_settings, rollout, running_engine, turn
 
 from trace_client import AsyncTraceClient, TraceClient
-from trace_client.local import RedisServer, ThreadedService, free_port
+from trace_lab.local import RedisServer, ThreadedService, free_port
 from trace_proto import AllocateRequest, PromptIn
 from trace_service.engine import maintenance
 

@@ -5,7 +5,7 @@ from typing import cast
 
 import numpy as np
 
-from trace_client.sim import RolloutState, TabularWorkload, Workload, make_workload
+from trace_lab.sim import RolloutState, TabularWorkload, Workload, make_workload
 
 POLICY_FAMILIES = ("math", "multihop", "toolcall")
 ALL_FAMILIES = ("react", *POLICY_FAMILIES)

@@ -16,7 +16,7 @@ from family_support import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trace_client.sim import FAMILIES, RolloutState, TabularWorkload
+from trace_lab.sim import FAMILIES, RolloutState, TabularWorkload
 
 
 @pytest.fixture(scope="module", params=POLICY_FAMILIES)

@@ -10,7 +10,7 @@ from family_support import (
     success_frequency,
 )
 
-from trace_client.sim import RolloutState, TabularWorkload
+from trace_lab.sim import RolloutState, TabularWorkload
 
 
 @pytest.fixture(params=POLICY_FAMILIES)

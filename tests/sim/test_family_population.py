@@ -9,7 +9,7 @@ from family_support import ALL_FAMILIES, POLICY_FAMILIES, policy_workload, root_
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trace_client.sim import (
+from trace_lab.sim import (
     FAMILIES,
     MathConfig,
     PolicyWorkload,
@@ -20,7 +20,7 @@ from trace_client.sim import (
     make_workload,
     root_summary,
 )
-from trace_client.sim.__main__ import main
+from trace_lab.sim.__main__ import main
 
 
 def test_the_registry_names_every_family() -> None:

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from family_support import ALL_FAMILIES, POLICY_FAMILIES, policy_workload, root_success
 
-from trace_client.sim import FAMILIES, RolloutState, SimWorkload, TabularWorkload, make_workload
-from trace_client.sim.lexicon import MATH_SPELLING, MULTIHOP_SPELLING, TOOLCALL_SPELLING
+from trace_lab.sim import FAMILIES, RolloutState, SimWorkload, TabularWorkload, make_workload
+from trace_lab.sim.lexicon import MATH_SPELLING, MULTIHOP_SPELLING, TOOLCALL_SPELLING
 
 
 def tokens(text: str) -> set[str]:

@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from trace_client.sim import BetaComponent, SimConfig, TextConfig, VocabularyConfig
+from trace_lab.sim import BetaComponent, SimConfig, TextConfig, VocabularyConfig
 
 
 @pytest.mark.parametrize(

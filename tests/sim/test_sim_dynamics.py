@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trace_client.sim import RolloutState, SimConfig, SimWorkload, TextConfig, VocabularyConfig
+from trace_lab.sim import RolloutState, SimConfig, SimWorkload, TextConfig, VocabularyConfig
 
 # Seeded runs are deterministic; five standard errors keep a correct simulator far from the threshold
 # while a wrong p (off by a few points at these sample sizes) fails.

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from trace_client.sim import BetaComponent, SimConfig, SimWorkload
+from trace_lab.sim import BetaComponent, SimConfig, SimWorkload
 
 ROLLOUTS_PER_PROMPT = 8
 

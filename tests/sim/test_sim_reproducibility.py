@@ -5,7 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from trace_client.sim import RolloutState, SimConfig, SimWorkload, VocabularyConfig
+from trace_lab.sim import RolloutState, SimConfig, SimWorkload, VocabularyConfig
 
 CONFIG = SimConfig(prompts=64, feature_dim=4)
 

@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from trace_client.sim import RolloutState, SimConfig, SimWorkload, Vocabulary
+from trace_lab.sim import RolloutState, SimConfig, SimWorkload, Vocabulary
 
 
 @pytest.fixture(scope="module")

@@ -45,8 +45,8 @@ from trace_client.integrations.verl import (
     TraceAgentLoopManager,
     trace_overrides,
 )
-from trace_client.sim import SimConfig, SimWorkload
-from trace_client.sim.workers import SimAgent
+from trace_lab.sim import SimConfig, SimWorkload
+from trace_lab.sim.workers import SimAgent
 
 #: The config section of the simulated workload: both sides build the same one from it.
 SIM_SECTION: Final = "trace_sim"

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from trace_client.sim.base import sigmoid
-from trace_client.sim.family_config import MultihopConfig
-from trace_client.sim.lexicon import MULTIHOP_SPELLING, Lexicon
-from trace_client.sim.tabular import (
+from trace_lab.sim.base import sigmoid
+from trace_lab.sim.family_config import MultihopConfig
+from trace_lab.sim.lexicon import MULTIHOP_SPELLING, Lexicon
+from trace_lab.sim.tabular import (
     FloatArray,
     IntArray,
     TabularWorkload,

@@ -13,8 +13,8 @@ import asyncio
 import numpy as np
 
 from trace_client.driver import History, StepResult, TurnResult
-from trace_client.sim import Prompt, RolloutState
-from trace_client.sim.base import Workload
+from trace_lab.sim import Prompt, RolloutState
+from trace_lab.sim.base import Workload
 from trace_proto import PromptIn
 
 

@@ -1,4 +1,4 @@
-"""`trace-rollout-demo` (or `python -m trace_client.demo`): TRACE against uniform allocation at the same
+"""`trace-rollout-demo` (or `python -m trace_lab.demo`): TRACE against uniform allocation at the same
 budget, on the simulated agentic workload, through the real HTTP API and the worker driver.
 
 With no `--url` the service runs in this process (uvicorn on a free loopback port, the embedded store).

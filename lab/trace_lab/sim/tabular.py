@@ -26,10 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from trace_client.sim.base import PolicyWorkload, logit
-from trace_client.sim.family_config import FamilyConfig, LogitComponent
-from trace_client.sim.lexicon import Lexicon
-from trace_client.sim.state import Prompt, RolloutState, Turn
+from trace_lab.sim.base import PolicyWorkload, logit
+from trace_lab.sim.family_config import FamilyConfig, LogitComponent
+from trace_lab.sim.lexicon import Lexicon
+from trace_lab.sim.state import Prompt, RolloutState, Turn
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]

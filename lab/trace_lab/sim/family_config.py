@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from trace_client.sim.config import (
+from trace_lab.sim.config import (
     _check_counts,
     _check_flip,
     _check_non_negative,

@@ -2,7 +2,7 @@
 
 A family's words are pronounceable synthetic tokens. Spelling rules keep families apart by
 construction: every word of a family contains one of its *marker* letters and no marker letter of another
-family, and the ReAct family's words (`trace_client.sim.vocabulary`) use no marker letter at all, so no
+family, and the ReAct family's words (`trace_lab.sim.vocabulary`) use no marker letter at all, so no
 two families can ever share a generated word, whatever their seeds. `WordClasses` holds the text drawing
 that a family's `Lexicon` and the ReAct `Vocabulary` share.
 """

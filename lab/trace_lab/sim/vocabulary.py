@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from trace_client.sim.config import TextConfig, VocabularyConfig
-from trace_client.sim.lexicon import WordClasses
+from trace_lab.sim.config import TextConfig, VocabularyConfig
+from trace_lab.sim.lexicon import WordClasses
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]

@@ -1,4 +1,4 @@
-"""`python -m trace_client.sim [seeds]`: each family's `root_summary` at its defaults, mean ± standard
+"""`python -m trace_lab.sim [seeds]`: each family's `root_summary` at its defaults, mean ± standard
 deviation over seeds 0 … seeds − 1 (default 5)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 
-from trace_client.sim.registry import FAMILIES, RootSummary, root_summary
+from trace_lab.sim.registry import FAMILIES, RootSummary, root_summary
 
 
 def main(argv: list[str]) -> None:

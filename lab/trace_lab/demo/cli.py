@@ -13,9 +13,9 @@ import sys
 from typing import Final
 
 from trace_client import TraceAPIError, TraceConnectionError
-from trace_client.demo import loop
-from trace_client.demo.config import add_arguments, config_from_arguments
-from trace_client.demo.report import results_document
+from trace_lab.demo import loop
+from trace_lab.demo.config import add_arguments, config_from_arguments
+from trace_lab.demo.report import results_document
 
 PROG: Final = "trace-rollout-demo"
 #: What the demo does, in one line (the first of `--help`'s description, and the README's table).

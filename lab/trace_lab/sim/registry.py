@@ -10,13 +10,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from trace_client.sim.base import Workload
-from trace_client.sim.config import SimConfig
-from trace_client.sim.family_config import MathConfig, MultihopConfig, ToolcallConfig
-from trace_client.sim.math_reasoning import MathWorkload
-from trace_client.sim.multihop import MultihopWorkload
-from trace_client.sim.toolcall import ToolcallWorkload
-from trace_client.sim.workload import SimWorkload
+from trace_lab.sim.base import Workload
+from trace_lab.sim.config import SimConfig
+from trace_lab.sim.family_config import MathConfig, MultihopConfig, ToolcallConfig
+from trace_lab.sim.math_reasoning import MathWorkload
+from trace_lab.sim.multihop import MultihopWorkload
+from trace_lab.sim.toolcall import ToolcallWorkload
+from trace_lab.sim.workload import SimWorkload
 
 
 class WorkloadFactory(Protocol):

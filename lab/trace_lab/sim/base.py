@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from trace_client.sim.state import Prompt, RolloutState
+from trace_lab.sim.state import Prompt, RolloutState
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

@@ -2,9 +2,9 @@
 
 They stand in for an LLM agent and its generation workers in the demo, the tests and the benchmarks, and
 let the oracle allocation be computed. Needs numpy only: the `sim` extra (`pip install
-'trace-rollout[sim]'`). `trace_client.sim.workers` runs a workload as the worker driver's callables.
+'trace-rollout[sim]'`). `trace_lab.sim.workers` runs a workload as the worker driver's callables.
 
-Every family is a `Workload` (`trace_client.sim.base`): a population of tasks (`prompts`, larger than a
+Every family is a `Workload` (`trace_lab.sim.base`): a population of tasks (`prompts`, larger than a
 step's pool; `epoch_pool(step, size)` visits it epoch by epoch), immutable rollout prefixes
 (`RolloutState`) that carry the exact P(reward = 1 | prefix) as `p` and can be continued any number of
 times, vectorised stepping (`step_many`, `run`), `true_success_many`, `expected_remaining_turns`, and a
@@ -39,10 +39,10 @@ action (`Turn.action`) and every state its hidden MDP state (`RolloutState.laten
   an absorbing failure that ends the rollout with reward 0; a mix skewed to failure; weak prompt signal,
   responses that show the status exactly but mislabel `retryable` sometimes.
 
-Each family spells its own generated words (`trace_client.sim.lexicon`: marker letters make the
+Each family spells its own generated words (`trace_lab.sim.lexicon`: marker letters make the
 families' words disjoint by construction) in its own surface form, and none reuses the ReAct template.
 
-Exactness of the policy families (`trace_client.sim.tabular`): with P the per-task transition tables and
+Exactness of the policy families (`trace_lab.sim.tabular`): with P the per-task transition tables and
 N the next-state tables, backward dynamic programming under the current θ,
 
     V_H(s) = [s = SUCCESS],   V_t(s) = Σ_a π_θ(a | c_t(s)) Σ_k P_t(k | s, a) · V_{t+1}(N_t(s, a, k)),
@@ -52,7 +52,7 @@ distributions; a state's `p` is V_t(s), so E[p' | s] = p(s) and the reward is Be
 prefix. Setting `policy` re-solves every task (a few ms for 2,000 tasks); `learn` raises one task's
 competence (a logit offset on its success-relevant transitions) and re-solves that task.
 
-At the defaults (seeds 0–4, all tasks; `python -m trace_client.sim` prints `root_summary` per family):
+At the defaults (seeds 0–4, all tasks; `python -m trace_lab.sim` prints `root_summary` per family):
 share of tasks with root success < 0.05 / > 0.95, intraclass correlation Var(p_i) / (p̄(1 − p̄)), mean
 turns of a rollout:
 
@@ -98,15 +98,15 @@ True
 True
 """
 
-from trace_client.sim.base import PolicyWorkload, Workload
-from trace_client.sim.config import (
+from trace_lab.sim.base import PolicyWorkload, Workload
+from trace_lab.sim.config import (
     DEFAULT_DIFFICULTY,
     BetaComponent,
     SimConfig,
     TextConfig,
     VocabularyConfig,
 )
-from trace_client.sim.family_config import (
+from trace_lab.sim.family_config import (
     MATH_DIFFICULTY,
     MULTIHOP_DIFFICULTY,
     TOOLCALL_DIFFICULTY,
@@ -115,15 +115,15 @@ from trace_client.sim.family_config import (
     MultihopConfig,
     ToolcallConfig,
 )
-from trace_client.sim.lexicon import Lexicon, Spelling
-from trace_client.sim.math_reasoning import MathWorkload
-from trace_client.sim.multihop import MultihopWorkload
-from trace_client.sim.registry import FAMILIES, RootSummary, WorkloadFactory, make_workload, root_summary
-from trace_client.sim.state import Prompt, RolloutState, Turn
-from trace_client.sim.tabular import TabularWorkload, TurnDraw
-from trace_client.sim.toolcall import ToolcallWorkload
-from trace_client.sim.vocabulary import Vocabulary
-from trace_client.sim.workload import SimWorkload
+from trace_lab.sim.lexicon import Lexicon, Spelling
+from trace_lab.sim.math_reasoning import MathWorkload
+from trace_lab.sim.multihop import MultihopWorkload
+from trace_lab.sim.registry import FAMILIES, RootSummary, WorkloadFactory, make_workload, root_summary
+from trace_lab.sim.state import Prompt, RolloutState, Turn
+from trace_lab.sim.tabular import TabularWorkload, TurnDraw
+from trace_lab.sim.toolcall import ToolcallWorkload
+from trace_lab.sim.vocabulary import Vocabulary
+from trace_lab.sim.workload import SimWorkload
 
 __all__ = [
     "DEFAULT_DIFFICULTY",

@@ -14,12 +14,12 @@ from typing import Final
 import numpy as np
 
 from trace_client import AsyncTraceClient
-from trace_client.demo.config import DemoConfig
-from trace_client.demo.report import DemoReport, PolicyRun, comparison_table, plot, write_results
 from trace_client.driver import DriverConfig, Progress, RolloutDriver
-from trace_client.local import ThreadedService
-from trace_client.sim import SimConfig, SimWorkload
-from trace_client.sim.workers import SimAgent, prompt_in
+from trace_lab.demo.config import DemoConfig
+from trace_lab.demo.report import DemoReport, PolicyRun, comparison_table, plot, write_results
+from trace_lab.local import ThreadedService
+from trace_lab.sim import SimConfig, SimWorkload
+from trace_lab.sim.workers import SimAgent, prompt_in
 from trace_proto import PREDICTOR_POLICIES, AllocateRequest, Policy
 
 _POLL_SECONDS: Final = 0.25

@@ -136,7 +136,7 @@ class TextConfig:
 class SimConfig:
     """The simulated workload.
 
-    Dynamics (exact, see `trace_client.sim` for the proof sketch): a non-final turn moves the conditional
+    Dynamics (exact, see `trace_lab.sim` for the proof sketch): a non-final turn moves the conditional
     success p to (1 − a)·p + a·B with B ~ Bernoulli(p) and a ~ Uniform(`step_size`); the final turn draws
     the reward ~ Bernoulli(p). Whether a turn is final is decided before it is drawn: forced at
     `max_turns`, else with probability `stop_prob` once at least `min_turns` turns are done.

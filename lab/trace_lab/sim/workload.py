@@ -6,10 +6,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from trace_client.sim.base import LOGIT_EPSILON, Workload, logit, sigmoid
-from trace_client.sim.config import SimConfig
-from trace_client.sim.state import Prompt, RolloutState, Turn
-from trace_client.sim.vocabulary import BoolArray, FloatArray, IntArray, Vocabulary
+from trace_lab.sim.base import LOGIT_EPSILON, Workload, logit, sigmoid
+from trace_lab.sim.config import SimConfig
+from trace_lab.sim.state import Prompt, RolloutState, Turn
+from trace_lab.sim.vocabulary import BoolArray, FloatArray, IntArray, Vocabulary
 
 # Features clip logits: a hidden state does not grow without bound.
 _FEATURE_LOGIT_CLIP = 6.0

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from trace_client.demo.config import DemoConfig
+from trace_lab.demo.config import DemoConfig
 from trace_proto import JobStats, Policy, PredictorInfo
 
 

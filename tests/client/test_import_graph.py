@@ -1,0 +1,41 @@
+"""What a trainer installs is only a client: the base install pulls neither numpy nor torch, and the
+modules a trainer's workers import load nothing of the service, the lab or the numeric stack."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+#: What a trainer imports: the clients, the worker driver, the errors and every adapter.
+TRAINER_MODULES = ["trace_client", "trace_client.client", "trace_client.driver", "trace_client.errors"]
+FORBIDDEN = {"trace_service", "trace_lab", "numpy", "torch", "fastapi", "redis", "uvicorn"}
+
+
+def test_the_base_install_is_pydantic_and_httpx() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = {
+        requirement.split(">")[0].split("<")[0].split("=")[0].strip()
+        for requirement in project["dependencies"]
+    }
+    assert names == {"pydantic", "httpx"}
+
+
+def test_the_trainer_side_imports_nothing_of_the_service_or_the_lab() -> None:
+    script = f"""
+import importlib, json, pkgutil, sys
+for name in {TRAINER_MODULES!r}:
+    importlib.import_module(name)
+import trace_client.adapters as adapters
+for module in pkgutil.walk_packages(adapters.__path__, "trace_client.adapters."):
+    importlib.import_module(module.name)
+print(json.dumps(sorted({{name.split(".")[0] for name in sys.modules}})))
+"""
+    loaded = json.loads(
+        subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True).stdout
+    )
+    assert "trace_client" in loaded
+    assert not FORBIDDEN & set(loaded)
