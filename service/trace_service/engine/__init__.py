@@ -2,9 +2,9 @@
 calls on the component they need; the algorithms are the pure functions of ``trace_service.allocation``
 and ``trace_service.tree``.
 
-- ``allocation``: POST /v1/allocate (idempotency, predictions, Stage 1)
+- ``allocate``: POST /v1/allocate (idempotency, predictions, Stage 1)
 - ``intake``: POST /v1/expand (events, the follow-ups they make due, re-offers)
-- ``stage2``: one Stage 2 round of one tree, decided and recorded
+- ``decide``: one Stage 2 round of one tree, decided (``trace_service.branching``) and recorded
 - ``completion``: the bookkeeping once a tree is finished
 - ``instructions``: GET /v1/instructions (leases)
 - ``maintenance``: the sweeper
@@ -17,15 +17,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from trace_service.engine.allocation import Allocation
+from trace_service.engine.allocate import Allocation
 from trace_service.engine.common import Clock, IdempotencyConflictError, NotFoundError
 from trace_service.engine.completion import Completion
+from trace_service.engine.decide import Stage2
 from trace_service.engine.instructions import Instructions
 from trace_service.engine.intake import Intake
 from trace_service.engine.maintenance import Sweeper
 from trace_service.engine.queries import JobStatistics, Predictions, Trees
 from trace_service.engine.readiness import Readiness
-from trace_service.engine.stage2 import Stage2
 from trace_service.metrics import Metrics
 from trace_service.runtime import PredictorRuntime
 from trace_service.settings import Settings

@@ -3,7 +3,7 @@
 Each script in ``scripts/`` is loaded with :data:`~trace_service.lifecycle.LUA_PRELUDE` in front (the
 life cycle's names and rules) and run by its SHA; a Redis that lost its scripts (restarted) gets them
 again.  A script's keys share one hash tag, so every call touches one slot; what differs on a Cluster
-(no script spanning slots, no pipelined scripts) stays here, behind :attr:`ScriptRunner.spans_slots`.
+(no script spanning slots, no pipelined scripts) stays here, behind :attr:`ScriptRunner.single_node`.
 """
 
 from __future__ import annotations
@@ -67,9 +67,9 @@ class ScriptRunner:
         }
 
     @property
-    def spans_slots(self) -> bool:
-        """Whether one script call may touch keys under different hash tags (a single Redis node; a
-        Cluster keeps each call to one slot)."""
+    def single_node(self) -> bool:
+        """Whether the store is one Redis node, where one script call may touch keys under different
+        hash tags (a Cluster keeps each call to one slot)."""
         return not isinstance(self.redis, RedisCluster)
 
     async def run(self, call: ScriptCall) -> Any:
@@ -92,7 +92,7 @@ class ScriptRunner:
         """Independent calls, each with its result or the exception it raised.  One pipeline on a single
         Redis; the calls that find their script gone (Redis restarted) did not run and run again on
         their own.  On a Cluster, whose pipelines refuse scripts, they run concurrently."""
-        if not self.spans_slots:
+        if not self.single_node:
             results: list[Any] = []
             for start in range(0, len(calls), _CLUSTER_FANOUT):
                 chunk = calls[start : start + _CLUSTER_FANOUT]

@@ -91,7 +91,7 @@ class TreeStore:
         is one script call (thousands of small calls cost most of /v1/allocate); a Cluster gets one call
         per tree, since a script's keys must share a slot there."""
         rows = [(self.keys.tree(tree.tree_id).meta, tree.hash_fields(now)) for tree in trees]
-        chunk = _TREES_PER_CREATE if self.scripts.spans_slots else 1
+        chunk = _TREES_PER_CREATE if self.scripts.single_node else 1
         calls = []
         for start in range(0, len(rows), chunk):
             part = rows[start : start + chunk]
@@ -343,7 +343,7 @@ class TreeStore:
         """Where each tree stands (three fields): what the sweeper checks every open tree for.  One
         script call on a single Redis; a pipeline on a Cluster, whose scripts cannot span trees."""
         metas = [self.keys.tree(tree_id).meta for tree_id in tree_ids]
-        if self.scripts.spans_slots:
+        if self.scripts.single_node:
             flat = await self.scripts.run(ScriptCall("tree_progress", metas, []))
             rows = [[text(value) or None for value in flat[i : i + 3]] for i in range(0, len(flat), 3)]
         else:
