@@ -32,8 +32,9 @@ accuracy at uniform's total tokens (and, sampled, at uniform's total rollouts: t
 comparison); the tokens it needed to reach uniform's final sampled accuracy as a fraction of uniform's
 (the first crossing, linear between evaluations); the share of mixed groups. Then mean ± spread over
 seeds, and curves as PNGs in `bench/results/`. Each (task, seed)'s curves are saved in
-`bench/results/lm-runs/` under a key of every argument that shapes them, so a matrix can run in parts
-(one process per task, `--threads 1`) and the full command then reports it without running again.
+`bench/results/lm-runs/` (`--runs`) under a key of every argument that shapes them, so a matrix can run
+in parts (one process per task, `--threads 1`) and the full command then reports it without running
+again.
 """
 
 from __future__ import annotations
@@ -489,7 +490,7 @@ async def run_task_seed(
 
 
 #: The arguments that do not change a run's curves (a saved run is reused whatever they are).
-NOT_IN_RUN_KEY = frozenset({"task", "tasks", "seeds", "threads", "step_timeout", "out", "quick"})
+NOT_IN_RUN_KEY = frozenset({"task", "tasks", "seeds", "threads", "step_timeout", "out", "runs", "quick"})
 
 
 def run_path(task: Task, seed: int, args: argparse.Namespace) -> Path:
@@ -497,7 +498,7 @@ def run_path(task: Task, seed: int, args: argparse.Namespace) -> Path:
     in parts (one process per task, say) and reported whole by the full command."""
     shaping = {name: value for name, value in vars(args).items() if name not in NOT_IN_RUN_KEY}
     key = json.dumps([task.name, seed, shaping], sort_keys=True, default=str)
-    return args.out / "lm-runs" / f"{task.name}-s{seed}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.json"
+    return args.runs / f"{task.name}-s{seed}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.json"
 
 
 def save_curves(path: Path, curves: dict[str, TokenCurve]) -> None:
@@ -647,8 +648,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--train-wait", type=float, default=10.0, help="most seconds a predictor may train")
     parser.add_argument("--step-timeout", type=float, default=600.0)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--runs", type=Path, default=None, help="saved runs (default: OUT/lm-runs)")
     parser.add_argument("--quick", action="store_true", help="smoke run: a small model, 2 steps, 2 arms")
     args = parser.parse_args(argv)
+    args.runs = args.runs or args.out / "lm-runs"
     if args.quick:
         args.arms, args.steps, args.pool, args.budget = "uniform,trace", 2, 8, 16
         args.warm_steps, args.test_prompts, args.eval_samples, args.d_model = 30, 16, 1, 32
