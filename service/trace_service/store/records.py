@@ -190,15 +190,15 @@ class StoredNode(NamedTuple):
         data = orjson.loads(raw)
         return cls(
             node_id=node_id,
-            parent_id=data["p"] or None,
-            depth=int(data["d"]),
-            origin=data["o"],
+            parent_id=data["parent"] or None,
+            depth=int(data["depth"]),
+            origin=data["origin"],
             done=bool(data["done"]),
-            reward=float(data["r"]) if data["r"] != "" else None,
-            text=data["t"],
-            features=tuple(orjson.loads(data["f"])) if data["f"] else None,
-            instruction_id=data["i"] or None,
-            reported_at=float(data["at"]),
+            reward=float(data["reward"]) if data["reward"] != "" else None,
+            text=data["text"],
+            features=tuple(orjson.loads(data["features"])) if data["features"] else None,
+            instruction_id=data["instruction"] or None,
+            reported_at=float(data["reported_at"]),
         )
 
 

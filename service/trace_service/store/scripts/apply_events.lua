@@ -60,7 +60,7 @@ for i = 1, #events do
   if redis.call('SISMEMBER', events_key, event_id) == 1 then
     results[i] = {RESULT.DUPLICATE, 'duplicate event'}
   elseif existing then
-    if existing.sig == signature and existing.t == text and existing.f == features then
+    if existing.signature == signature and existing.text == text and existing.features == features then
       redis.call('SADD', events_key, event_id)
       results[i] = {RESULT.DUPLICATE, 'node ' .. node_id .. ' was already reported'}
     else
@@ -83,7 +83,7 @@ for i = 1, #events do
         code, message = RESULT.CONFLICT, 'unknown parent ' .. parent_id .. ' (report a parent before its child)'
       elseif parent.done then
         code, message = RESULT.INVALID, 'parent ' .. parent_id .. ' ended its rollout and cannot have children'
-      elseif parent.d + 1 >= max_depth and not done then
+      elseif parent.depth + 1 >= max_depth and not done then
         -- Refused, not cut: the worker can still end the rollout here, so its tree can finish.
         code, message = RESULT.INVALID, 'a rollout has at most ' .. max_depth .. ' turns: turn ' .. max_depth ..
                              ' must end it (done=true with its reward)'
@@ -96,13 +96,13 @@ for i = 1, #events do
         elseif instruction.started >= instruction.count then
           code, message = RESULT.CONFLICT, 'all ' .. instruction.count .. ' continuations of instruction ' .. instruction_id .. ' have already started'
         end
-      elseif parent.k > 0 then
+      elseif parent.children > 0 then
         code, message = RESULT.CONFLICT, 'node ' .. parent_id .. ' already has a next turn; branching needs an instruction'
       end
     end
     if code == RESULT.ACCEPTED then
       if parent then
-        depth = parent.d + 1
+        depth = parent.depth + 1
         if instruction then
           origin = instruction_id
           instruction.started = instruction.started + 1
@@ -110,15 +110,16 @@ for i = 1, #events do
           if instruction.started == instruction.count then started[#started + 1] = instruction_id end
           redis.call('HSET', instr_key, instruction_id, cjson.encode(instruction))
         else
-          origin = parent.o
-          parent.k = parent.k + 1
+          origin = parent.origin
+          parent.children = parent.children + 1
           redis.call('HSET', nodes_key, parent_id, cjson.encode(parent))
         end
       else
         counters.bare_started = counters.bare_started + 1
       end
-      local node = {p = parent_id, d = depth, o = origin, done = done, k = 0, sig = signature,
-                    t = text, f = features, i = instruction_id, r = reward, at = now}
+      local node = {parent = parent_id, depth = depth, origin = origin, done = done, children = 0,
+                    signature = signature, text = text, features = features, instruction = instruction_id,
+                    reward = reward, reported_at = now}
       if done then
         local success = is_success(reward, threshold)
         if success then counters.successes = counters.successes + 1 end
@@ -145,11 +146,11 @@ local decision, token, completed = 0, '', 0
 local pending = num(m.decision_round)
 local promised = num(m.promised)
 local round, rounds = num(m.round), num(m.rounds)
-local budget_left = num(m.expansion_budget) - promised - num(m.returned)
 local settled = counters.bare_leaves == rollouts and counters.cont_leaves == promised
 if not is_finished(status) and settled and not (pending > 0 and num(m.decision_until) > now) then
   -- (a live claim means another caller is deciding this round right now)
-  status = settled_status(round, rounds, budget_left, counters.bare_leaves, true)
+  local left = budget_left(num(m.expansion_budget), promised, num(m.returned))
+  status = settled_status(round, rounds, left, counters.bare_leaves, true)
   if status == STATUS.EXPANDING then
     decision = pending > 0 and pending or round + 1
     token = claim_token

@@ -32,8 +32,8 @@ if promised == 0 then
   -- Nothing to branch (no candidates, or the budget was returned): nothing is outstanding, so the tree
   -- is settled, and the life cycle decides what it becomes.
   local m = redis.call('HMGET', meta_key, 'rounds', 'expansion_budget', 'bare_leaves')
-  local budget_left = (tonumber(m[2]) or 0) - total_promised - total_returned
-  local status = settled_status(round, tonumber(m[1]) or 0, budget_left, tonumber(m[3]) or 0, false)
+  local left = budget_left(tonumber(m[2]) or 0, total_promised, total_returned)
+  local status = settled_status(round, tonumber(m[1]) or 0, left, tonumber(m[3]) or 0, false)
   if is_finished(status) then
     completed = 1
     redis.call('HSET', meta_key, 'status', status, 'finished_at', now)
