@@ -9,9 +9,15 @@ import numpy as np
 import pytest
 from predictor_synthetic import SyntheticTask, tiny_config
 
-from trace_service.predictor import CheckpointError, OutcomeCounts, Query, SuccessPredictor
+from trace_service.predictor import (
+    Calibration,
+    CheckpointError,
+    OutcomeCounts,
+    Query,
+    RootGroup,
+    SuccessPredictor,
+)
 from trace_service.predictor.checkpoint import decode_checkpoint, encode_checkpoint
-from trace_service.predictor.training import Calibration, RootGroup
 
 
 def logit(p: float) -> float:

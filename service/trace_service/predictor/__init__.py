@@ -32,13 +32,18 @@ never seen. ``predictive`` also gives each prompt's posterior concentration κ +
 predictive value takes. ``predict`` never waits for training: each call uses one published version.
 Training steps are bounded by ``replay_ratio`` samples per example added, so calling ``train_round`` in
 a loop is safe. Modules: ``features`` (stable hashed n-grams, incremental encoding), ``model`` (torch
-network and batching), ``training`` (online training, versions, checkpoints), ``checkpoint`` (the
-checksummed format), ``diagnostics`` (pure numpy measures). Bad input raises ValueError with a message
-that names the problem (CheckpointError, a ValueError, for damaged checkpoints).
+network and batching), ``config`` (its settings), ``examples`` (training examples, groups, buffers),
+``calibration`` (the Beta prior and its fit), ``training`` (online training, versions, checkpoints),
+``checkpoint`` (the checksummed format), ``diagnostics`` (pure numpy measures). Bad input raises
+ValueError with a message that names the problem (CheckpointError, a ValueError, for damaged
+checkpoints).
 """
 
+from trace_service.predictor.calibration import Calibration
 from trace_service.predictor.checkpoint import CheckpointError
+from trace_service.predictor.config import PredictorConfig
 from trace_service.predictor.diagnostics import PredictorDiagnostics
+from trace_service.predictor.examples import RootGroup, TrainingExample
 from trace_service.predictor.features import (
     EncodedHistory,
     FeaturizerConfig,
@@ -47,15 +52,7 @@ from trace_service.predictor.features import (
     Turn,
 )
 from trace_service.predictor.model import Query
-from trace_service.predictor.training import (
-    Calibration,
-    Predictive,
-    PredictorConfig,
-    RootGroup,
-    SuccessPredictor,
-    TrainingExample,
-    TrainRoundResult,
-)
+from trace_service.predictor.training import Predictive, SuccessPredictor, TrainRoundResult
 
 __all__ = [
     "Calibration",

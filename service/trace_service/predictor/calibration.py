@@ -18,9 +18,13 @@ lets a few outcomes move the estimate far; a large κ says the predicted mean al
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
+
+from trace_service.predictor.checkpoint import CheckpointError
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -122,3 +126,48 @@ def fit_concentration(
             right = low + _GOLDEN * (high - low)
             right_value = log_likelihood(right)
     return math.exp((low + high) / 2.0)
+
+
+PriorSource = Literal["network", "history"]
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """How a prompt's outcome history is combined with the prior (the module docstring has the rule).
+
+    ``prior`` is the source of the root prior mean: the network's μ(x), or one constant
+    ``history_mean`` for every prompt (the history-only posterior); ``concentration`` is its κ.
+    ``log_likelihood`` holds each source's mean log marginal likelihood per scored group, measured on
+    ``groups`` groups (held-out ones when there are enough).
+    """
+
+    concentration: float
+    prior: PriorSource = "network"
+    history_mean: float = 0.5
+    log_likelihood: dict[str, float] = field(default_factory=dict)
+    groups: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, value: Any) -> Calibration:
+        try:
+            calibration = cls(
+                concentration=float(value["concentration"]),
+                prior=value["prior"],
+                history_mean=float(value["history_mean"]),
+                log_likelihood={str(k): float(v) for k, v in value["log_likelihood"].items()},
+                groups=int(value["groups"]),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise CheckpointError(f"checkpoint has a malformed calibration: {error}") from None
+        valid = (
+            calibration.prior in ("network", "history")
+            and math.isfinite(calibration.concentration)
+            and calibration.concentration > 0
+            and 0.0 < calibration.history_mean < 1.0
+        )
+        if not valid:
+            raise CheckpointError(f"checkpoint has an invalid calibration {value!r}")
+        return calibration

@@ -44,16 +44,23 @@ import os
 import tempfile
 import threading
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Literal, NamedTuple, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
-from trace_service.predictor.calibration import fit_concentration, group_log_likelihood, posterior_mean
+from trace_service.predictor.calibration import (
+    Calibration,
+    PriorSource,
+    fit_concentration,
+    group_log_likelihood,
+    posterior_mean,
+)
 from trace_service.predictor.checkpoint import CheckpointError, decode_checkpoint, encode_checkpoint
+from trace_service.predictor.config import PredictorConfig
 from trace_service.predictor.diagnostics import (
     PredictorDiagnostics,
     brier_by_group,
@@ -62,12 +69,11 @@ from trace_service.predictor.diagnostics import (
     spearman,
     spearman_by_group,
 )
+from trace_service.predictor.examples import FifoBuffer, RootGroup, RunningMoments, TrainingExample
 from trace_service.predictor.features import (
     TOKEN_HASHING,
     EncodedHistory,
-    FeaturizerConfig,
     HistoryFeaturizer,
-    OutcomeCounts,
 )
 from trace_service.predictor.model import (
     ModelInputs,
@@ -100,190 +106,6 @@ def _sigmoid(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     return np.asarray(1.0 / (1.0 + np.exp(-x)), dtype=np.float64)
 
 
-@dataclass(frozen=True, slots=True)
-class PredictorConfig:
-    """Settings of a :class:`SuccessPredictor`.
-
-    The fields up to ``prior_failures`` define the model's shape and meaning and are stored in every
-    checkpoint (a checkpoint only loads into a predictor with the same values); the rest are runtime
-    settings.
-    """
-
-    # Featurisation (see ``features``): hash buckets per bag, client vector size (0: none), truncation.
-    num_buckets: int = 1 << 16
-    feature_dim: int = 0
-    max_tokens_per_text: int = 512
-    max_chars_per_text: int = 32_768
-    # Network: embedding width per bag, MLP width, most recent earlier-turn tokens kept per history.
-    embed_dim: int = 32
-    hidden_dim: int = 64
-    max_history_tokens: int = 2048
-    # Beta prior of a prompt's success rate: the cold-start prediction is its posterior mean.
-    prior_successes: float = 1.0
-    prior_failures: float = 1.0
-
-    # "auto": CUDA when available, else CPU; or any torch device string.
-    device: str = "auto"
-    learning_rate: float = 3e-3
-    weight_decay: float = 1e-5
-    dropout: float = 0.2
-    # Decay of the exponential moving average of weights that is published (0: publish raw weights).
-    weight_averaging: float = 0.99
-    batch_size: int = 256
-    replay_capacity: int = 65_536
-    # Minibatch samples allowed per training example added (bounds training on a stale buffer).
-    replay_ratio: float = 8.0
-    # Every k-th completed tree is held out of training for diagnostics (0: none).
-    holdout_every: int = 10
-    holdout_capacity: int = 8_192
-    inference_batch_size: int = 4_096
-    calibration_bins: int = 10
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        self.featurizer_config()  # validates the featurizer's fields
-        positive_counts = (
-            "embed_dim",
-            "hidden_dim",
-            "max_history_tokens",
-            "batch_size",
-            "replay_capacity",
-            "holdout_capacity",
-            "inference_batch_size",
-            "calibration_bins",
-        )
-        for name in positive_counts:
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.holdout_every < 0:
-            raise ValueError(f"holdout_every must be >= 0 (0 disables the holdout), got {self.holdout_every}")
-        for name in ("prior_successes", "prior_failures", "learning_rate", "replay_ratio"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a positive finite number, got {value}")
-        for name in ("dropout", "weight_averaging"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must lie in [0, 1), got {getattr(self, name)}")
-        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
-            raise ValueError(f"weight_decay must be a non-negative finite number, got {self.weight_decay}")
-
-    def featurizer_config(self) -> FeaturizerConfig:
-        return FeaturizerConfig(
-            num_buckets=self.num_buckets,
-            feature_dim=self.feature_dim,
-            max_tokens_per_text=self.max_tokens_per_text,
-            max_chars_per_text=self.max_chars_per_text,
-        )
-
-    def architecture(self) -> dict[str, Any]:
-        """The shape-and-meaning fields, as stored in checkpoints."""
-        values = asdict(self)
-        return {name: values[name] for name in _ARCHITECTURE_FIELDS}
-
-
-_ARCHITECTURE_FIELDS = (
-    "num_buckets",
-    "feature_dim",
-    "max_tokens_per_text",
-    "max_chars_per_text",
-    "embed_dim",
-    "hidden_dim",
-    "max_history_tokens",
-    "prior_successes",
-    "prior_failures",
-)
-
-
-@dataclass(frozen=True, slots=True)
-class TrainingExample:
-    """One tree node: its history, target V̂ in [0, 1] and weight n (visits, > 0).
-
-    ``outcomes`` must be the prompt's counts from before the tree's step (see :class:`OutcomeCounts`).
-    NaN, infinite or out-of-range targets and weights are rejected here, so they never reach training.
-    """
-
-    history: EncodedHistory
-    target: float
-    weight: float = 1.0
-    outcomes: OutcomeCounts = field(default_factory=OutcomeCounts)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.history, EncodedHistory):
-            raise ValueError(f"history must be an EncodedHistory, got {type(self.history).__name__}")
-        if not (math.isfinite(self.target) and 0.0 <= self.target <= 1.0):
-            raise ValueError(f"target must be a finite number in [0, 1], got {self.target}")
-        if not (math.isfinite(self.weight) and self.weight > 0.0):
-            raise ValueError(f"weight must be a positive finite number, got {self.weight}")
-
-    @property
-    def query(self) -> Query:
-        return Query(self.history, self.outcomes)
-
-
-@dataclass(frozen=True, slots=True)
-class RootGroup:
-    """The bare rollouts of ONE finished tree: its root, their successes and count, and the prompt's
-    outcomes from before the tree's step. Groups are what the concentration κ is fitted to."""
-
-    root: EncodedHistory
-    successes: int
-    trials: int
-    outcomes: OutcomeCounts = field(default_factory=OutcomeCounts)
-
-    def __post_init__(self) -> None:
-        if self.root.depth != 0:
-            raise ValueError(
-                f"a group's root must be a prompt encoding (depth 0), got depth {self.root.depth}"
-            )
-        if not 0 <= self.successes <= self.trials:
-            raise ValueError(f"need 0 <= successes <= trials, got {self.successes}/{self.trials}")
-
-
-PriorSource = Literal["network", "history"]
-
-
-@dataclass(frozen=True, slots=True)
-class Calibration:
-    """How a prompt's outcome history is combined with the prior (the module docstring has the rule).
-
-    ``prior`` is the source of the root prior mean: the network's μ(x), or one constant
-    ``history_mean`` for every prompt (the history-only posterior); ``concentration`` is its κ.
-    ``log_likelihood`` holds each source's mean log marginal likelihood per scored group, measured on
-    ``groups`` groups (held-out ones when there are enough).
-    """
-
-    concentration: float
-    prior: PriorSource = "network"
-    history_mean: float = 0.5
-    log_likelihood: dict[str, float] = field(default_factory=dict)
-    groups: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, value: Any) -> Calibration:
-        try:
-            calibration = cls(
-                concentration=float(value["concentration"]),
-                prior=value["prior"],
-                history_mean=float(value["history_mean"]),
-                log_likelihood={str(k): float(v) for k, v in value["log_likelihood"].items()},
-                groups=int(value["groups"]),
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as error:
-            raise CheckpointError(f"checkpoint has a malformed calibration: {error}") from None
-        valid = (
-            calibration.prior in ("network", "history")
-            and math.isfinite(calibration.concentration)
-            and calibration.concentration > 0
-            and 0.0 < calibration.history_mean < 1.0
-        )
-        if not valid:
-            raise CheckpointError(f"checkpoint has an invalid calibration {value!r}")
-        return calibration
-
-
 class Predictive(NamedTuple):
     """Each query's Ṽ and the concentration of its prompt's Beta posterior, κ + n (κ the served
     calibration's, n the prompt's earlier bare rollouts): the root's success is believed to be
@@ -308,67 +130,6 @@ class _Published:
     version: int
     model: SuccessModel | None  # None: not trained yet, the prior mean is the configured μ₀
     calibration: Calibration
-
-
-class _FifoBuffer(Generic[_Item]):
-    """The most recent ``capacity`` items; the oldest is overwritten first."""
-
-    def __init__(self, capacity: int) -> None:
-        self._capacity = capacity
-        self._items: list[_Item] = []
-        self._next = 0
-
-    def extend(self, items: Sequence[_Item]) -> None:
-        for item in items:
-            if len(self._items) < self._capacity:
-                self._items.append(item)
-            else:
-                self._items[self._next] = item
-                self._next = (self._next + 1) % self._capacity
-
-    def snapshot(self) -> list[_Item]:
-        return list(self._items)
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
-class _RunningMoments:
-    """Per-column mean and variance of every dense row seen (Chan et al.'s parallel update)."""
-
-    def __init__(self, width: int) -> None:
-        self.count = 0
-        self.mean = np.zeros(width)
-        self.m2 = np.zeros(width)
-
-    def update(self, rows: npt.NDArray[np.float32]) -> None:
-        if len(rows) == 0:
-            return
-        batch = rows.astype(np.float64)
-        batch_mean = batch.mean(axis=0)
-        batch_m2 = ((batch - batch_mean) ** 2).sum(axis=0)
-        total = self.count + len(batch)
-        delta = batch_mean - self.mean
-        self.mean = self.mean + delta * len(batch) / total
-        self.m2 = self.m2 + batch_m2 + delta**2 * self.count * len(batch) / total
-        self.count = total
-
-    def std(self) -> npt.NDArray[np.float64]:
-        return np.sqrt(self.m2 / self.count) if self.count else np.ones_like(self.m2)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"count": self.count, "mean": self.mean.tolist(), "m2": self.m2.tolist()}
-
-    @classmethod
-    def from_json(cls, value: Any, width: int) -> _RunningMoments:
-        moments = cls(width)
-        try:
-            moments.count = int(value["count"])
-            moments.mean = np.asarray(value["mean"], dtype=np.float64).reshape(width)
-            moments.m2 = np.asarray(value["m2"], dtype=np.float64).reshape(width)
-        except (KeyError, TypeError, ValueError) as error:
-            raise CheckpointError(f"checkpoint has malformed standardisation moments: {error}") from None
-        return moments
 
 
 def _freshness_from_json(value: Any) -> FreshnessEstimate:
@@ -396,11 +157,11 @@ class SuccessPredictor:
         self._dense_width = dense_dim(self.config.feature_dim)
         self._data_lock = threading.Lock()
         self._train_lock = threading.Lock()
-        self._replay: _FifoBuffer[TrainingExample] = _FifoBuffer(self.config.replay_capacity)
-        self._holdout: _FifoBuffer[TrainingExample] = _FifoBuffer(self.config.holdout_capacity)
-        self._groups: _FifoBuffer[RootGroup] = _FifoBuffer(_GROUP_CAPACITY)
-        self._holdout_groups: _FifoBuffer[RootGroup] = _FifoBuffer(_GROUP_CAPACITY)
-        self._moments = _RunningMoments(self._dense_width)
+        self._replay: FifoBuffer[TrainingExample] = FifoBuffer(self.config.replay_capacity)
+        self._holdout: FifoBuffer[TrainingExample] = FifoBuffer(self.config.holdout_capacity)
+        self._groups: FifoBuffer[RootGroup] = FifoBuffer(_GROUP_CAPACITY)
+        self._holdout_groups: FifoBuffer[RootGroup] = FifoBuffer(_GROUP_CAPACITY)
+        self._moments = RunningMoments(self._dense_width)
         self._trees_added = 0
         self._examples_seen = 0
         self._sample_allowance = 0.0
@@ -700,7 +461,7 @@ class SuccessPredictor:
         version, seen = header.get("predictor_version"), header.get("examples_seen")
         if not (isinstance(version, int) and version >= 0 and isinstance(seen, int) and seen >= 0):
             raise CheckpointError(f"checkpoint has a malformed version {version!r} or count {seen!r}")
-        moments = _RunningMoments.from_json(header.get("moments"), self._dense_width)
+        moments = RunningMoments.from_json(header.get("moments"), self._dense_width)
         freshness = _freshness_from_json(header.get("freshness"))
         calibration = Calibration.from_json(header.get("calibration"))
         model = self._new_model()
