@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from bench.harness import FinishedTree, Query
+from bench.estimators import FinishedTree, Query
 from trace_lab.sim import Prompt, RolloutState
 from trace_service.predictor import (
     EncodedHistory,

@@ -70,14 +70,9 @@ import numpy.typing as npt
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.advantages import ADVANTAGES
-from bench.harness import FinishedTree as ForestTree
-from bench.harness import (
-    Query,
-    StepConfig,
-    Strategy,
-    oracle_estimator,
-    run_step,
-)
+from bench.estimators import FinishedTree as ForestTree
+from bench.estimators import Query, oracle_estimator
+from bench.harness import StepConfig, Strategy, run_step
 from bench.plotting import FIXED, line_colors
 from bench.protocol import (
     add_family_arguments,

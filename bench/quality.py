@@ -40,16 +40,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.estimators import Estimator, declared_text_noise, posterior_estimator
 from bench.harness import (
     BudgetUnit,
-    Estimator,
     StepConfig,
     StepResult,
     Strategy,
-    declared_text_noise,
     default_strategies,
     mean_rollout_turns,
-    posterior_estimator,
     run_strategy,
 )
 from bench.learned import LearnedEstimator

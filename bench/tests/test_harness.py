@@ -9,18 +9,14 @@ import numpy as np
 import pytest
 
 import bench.harness as harness
+from bench.estimators import FinishedTree, Query, TruthAt, oracle_estimator, posterior_estimator
 from bench.harness import (
     BudgetUnit,
-    FinishedTree,
     PromptRecord,
-    Query,
     StepConfig,
     Strategy,
-    TruthAt,
     default_strategies,
     mean_rollout_turns,
-    oracle_estimator,
-    posterior_estimator,
     run_step,
     run_strategy,
 )

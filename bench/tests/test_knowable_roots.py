@@ -11,8 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import bench.harness as harness
-from bench.harness import KnowableRoots, Query, declared_text_noise
+from bench.estimators import KnowableRoots, Query, declared_text_noise, text_error
 from trace_lab.sim import Prompt, RolloutState, Turn, make_workload
 
 
@@ -32,7 +31,7 @@ def _reference(queries: Sequence[Query], text_noise: float) -> list[float]:
     means = []
     for i, query in enumerate(queries):
         logit_i = math.log(query.state.p / (1 - query.state.p))
-        reading = logit_i + text_noise * harness._text_error(query.prompt.prompt_id)
+        reading = logit_i + text_noise * text_error(query.prompt.prompt_id)
         total = weighted = 0.0
         for j, other in enumerate(queries):
             if j == i:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from tiny_policy_workload import TinyPolicyWorkload
 
-from bench.harness import FinishedTree as ForestTree
+from bench.estimators import FinishedTree as ForestTree
 from bench.learning import SampledTurns, forest_tree_turns, policy_gradient, service_tree_turns
 from trace_client.driver import FinishedTree, TurnResult
 from trace_lab.sim import RolloutState

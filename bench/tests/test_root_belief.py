@@ -7,17 +7,8 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from bench.harness import (
-    PromptRecord,
-    Query,
-    RootBelief,
-    StepConfig,
-    Strategy,
-    _thompson_draw,
-    oracle_estimator,
-    posterior_estimator,
-    run_step,
-)
+from bench.estimators import Query, oracle_estimator, posterior_estimator
+from bench.harness import PromptRecord, RootBelief, StepConfig, Strategy, _thompson_draw, run_step
 from trace_lab.sim import FAMILIES, VocabularyConfig
 from trace_proto import Policy
 

@@ -13,6 +13,7 @@ import pytest
 from support import rollout, running_engine
 
 from bench import harness
+from bench.estimators import Query
 from trace_lab.sim import Prompt, RolloutState
 from trace_lab.sim.state import Turn
 from trace_proto import AllocateRequest, ExpandEvent, Policy, PromptIn
@@ -83,7 +84,7 @@ async def test_the_harness_places_continuations_where_the_service_does(policy: P
             assert stored is not None
             predicted.update(stored.predictions)
 
-    def recorded(queries: Sequence[harness.Query]) -> np.ndarray:
+    def recorded(queries: Sequence[Query]) -> np.ndarray:
         # The service asks the predictor only for trees with continuations to place; the harness asks
         # for every tree (one batched call), and a tree with none places nothing whatever Ṽ says.
         return np.array([predicted.get(node_of[query.state], 0.5) for query in queries])
