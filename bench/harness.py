@@ -192,7 +192,6 @@ class StepConfig:
     # Stage 2 rounds per step when counting rollouts (each round sees the outcomes of the previous ones);
     # when counting turns, rounds continue until nothing more fits.
     rounds: int = 1
-    greso_keep_probability: float = 0.1
     # Continuations only from prefixes at most this many turns deep (the request's `max_branch_depth`).
     max_branch_depth: int | None = None
 
@@ -635,7 +634,6 @@ def _root_counts(
         freshness=freshness,
         zero_variance_streak=np.array([record.zero_variance_streak for record in records], dtype=np.int64),
         rng=rng,
-        greso_keep_probability=config.greso_keep_probability,
     )
     return rule.counts(inputs), predicted
 

@@ -87,7 +87,6 @@ class RootInputs:
     freshness: float | None = None
     zero_variance_streak: IntArray | None = None
     rng: np.random.Generator | None = None
-    greso_keep_probability: float = GRESO_KEEP_PROBABILITY
     # The concentration κ + n of each prompt's Beta posterior around ``predicted``; when supplied, TRACE
     # values rollouts by the expectation over that belief (``stage1``), else at the point ``predicted``.
     concentration: FloatArray | None = None
@@ -195,7 +194,7 @@ def _greso_roots(inputs: RootInputs) -> IntArray:
     keep = greso_keep(
         _given(inputs.zero_variance_streak, Need.ZERO_VARIANCE_STREAKS, "greso"),
         _given(inputs.rng, Need.RNG, "greso"),
-        keep_probability=inputs.greso_keep_probability,
+        keep_probability=GRESO_KEEP_PROBABILITY,
     )
     return uniform_roots(
         inputs.n_prompts,
