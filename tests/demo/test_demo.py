@@ -156,6 +156,11 @@ def test_a_service_that_refuses_the_demo_is_one_line(
     ("arguments", "message"),
     [
         (["--url", "trace:8000"], "argument --url: not an http(s) URL: 'trace:8000'"),
+        (
+            ["--policies", "trace,foo"],
+            "argument --policies: unknown policy 'foo'; the policies are trace, uniform, dapo, greso, pcl, "
+            "knapsack, treepo, trace_root, trace_prefix, trace_paper, trace_shared",
+        ),
         (["--steps", "0"], "steps must be at least 1, got 0"),
         (["--pool", "50", "--prompts", "40"], "pool (50) cannot exceed the simulated prompts (40)"),
     ],
@@ -168,7 +173,7 @@ def test_bad_options_are_usage_errors(
     except SystemExit as exited:  # argparse's own checks exit; the configuration's return
         code = int(str(exited.code))
     assert code == 2
-    assert error_lines(capsys.readouterr().err) == [f"trace-rollout-demo: error: {message}"]
+    assert capsys.readouterr().err.splitlines() == [f"trace-rollout-demo: error: {message}"]
 
 
 def test_json_prints_the_results_on_stdout_with_the_token_from_the_environment(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Final
+from typing import Final, NoReturn
 
 from trace_client import TraceAPIError, TraceConnectionError
 from trace_lab.demo import loop
@@ -24,8 +24,15 @@ SUMMARY: Final = "TRACE against uniform allocation on a simulated workload: a ta
 USAGE_ERROR: Final = 2
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, whose errors are one line (the usage block is what --help is for)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=PROG,
         description=f"{SUMMARY}. Drive a simulated multi-turn workload through the service with each policy "
         "at the same budget and compare them. Without --url the service runs in this process.",

@@ -107,7 +107,14 @@ def service_url(text: str) -> str:
 
 def policy_list(text: str) -> tuple[Policy, ...]:
     """`trace,uniform` → the policies, for `--policies`."""
-    return tuple(Policy(name.strip()) for name in text.split(","))
+    names = [name.strip() for name in text.split(",")]
+    unknown = [name for name in names if name not in {p.value for p in Policy}]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown {'policy' if len(unknown) == 1 else 'policies'} {', '.join(map(repr, unknown))}; "
+            f"the policies are {', '.join(p.value for p in Policy)}"
+        )
+    return tuple(Policy(name) for name in names)
 
 
 def config_from_arguments(args: argparse.Namespace) -> DemoConfig:
