@@ -12,9 +12,11 @@ import argparse
 import json
 import sys
 import textwrap
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit, urlunsplit
 
 from trace_service import __version__
 
@@ -83,6 +85,8 @@ def _serve(args: argparse.Namespace) -> int:
         raise settings_error(error, {"store_url": "--store-url"}) from None
     if "metrics_host" not in settings.model_fields_set:  # the metrics port listens where the API does
         settings = settings.model_copy(update={"metrics_host": args.host})
+    if settings.store_url:
+        _wait_for_store(settings.store_url, settings.store_cluster, settings.store_connect_seconds)
 
     import uvicorn
 
@@ -98,6 +102,44 @@ def _serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=20,
     )
     return 0
+
+
+def _wait_for_store(url: str, cluster: bool, seconds: float) -> None:
+    """Return once the store at ``url`` answers a PING; a URL that names no store, or a store that does
+    not answer within ``seconds``, is a :class:`CommandError` (one line), not a service that retries
+    forever in its logs."""
+    from redis import Redis, RedisCluster
+    from redis.exceptions import RedisError
+
+    shown = _without_password(url)
+    deadline = time.monotonic() + seconds
+    try:
+        kind = RedisCluster if cluster else Redis
+        client = kind.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+    except ValueError as error:
+        raise CommandError(f"invalid store URL {shown!r}: {error}", USAGE_ERROR) from None
+    pause = 0.25
+    while True:
+        try:
+            client.ping()
+            return
+        except (RedisError, OSError) as error:
+            if time.monotonic() + pause > deadline:
+                raise CommandError(
+                    f"the store at {shown} did not answer within {seconds:g} s "
+                    f"(TRACE_STORE_CONNECT_SECONDS): {error}"
+                ) from None
+        time.sleep(pause)
+        pause = min(2 * pause, 5.0)
+
+
+def _without_password(url: str) -> str:
+    """The URL as logs may show it: a password replaced by ***."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _openapi(args: argparse.Namespace) -> int:

@@ -33,6 +33,12 @@ class Settings(BaseSettings):
         description="With the embedded store: the service starts its redis-server again whenever it exits; "
         "if it cannot for this long, /healthz fails so that the orchestrator restarts the service.",
     )
+    store_connect_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="With a store URL: `trace-rollout serve` waits this long for the store to answer at "
+        "start, then stops with one line saying why (an orchestrator restarts it).",
+    )
     store_prefix: str = "trace"
     tree_ttl_seconds: int = Field(
         default=7 * 24 * 3600, ge=60, description="Trees expire this long after their last update."

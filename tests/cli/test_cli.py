@@ -211,3 +211,25 @@ def test_the_readme_command_table_matches_the_parsers() -> None:
     demo = demo_cli.build_parser()
     expected[demo.prog] = (demo_cli.SUMMARY, [action.option_strings[0] for action in options_of(demo)])
     assert readme_commands() == expected
+
+
+def test_a_store_that_does_not_answer_stops_the_start_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, no_server: list[dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TRACE_STORE_CONNECT_SECONDS", "0.5")
+    assert cli.main(["serve", "--store-url", "redis://user:s3cret@127.0.0.1:1/0"]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(
+        "trace-rollout serve: error: the store at redis://user:***@127.0.0.1:1/0 did not answer within 0.5 s"
+    )
+    assert "s3cret" not in line
+    assert no_server == []
+
+
+def test_a_store_url_that_names_no_store_stops_the_start_with_one_line(
+    no_server: list[dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["serve", "--store-url", "http://localhost:6379"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("trace-rollout serve: error: invalid store URL 'http://localhost:6379': ")
+    assert no_server == []

@@ -1,6 +1,6 @@
-"""`scripts/setup`'s torch step, against a stand-in `.venv/bin/python` that records what pip is asked:
-torch==2.13.0 first exactly as CI installs it, `TORCH_INDEX_URL` choosing another index, an installed
-torch kept."""
+"""`scripts/setup`, against a stand-in `.venv/bin/python` that records what pip is asked: torch==2.13.0
+first exactly as CI installs it, `TORCH_INDEX_URL` choosing another index, an installed torch kept; the
+extras a job asks for; nothing done again when they are installed from the same pyproject.toml."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-SETUP = Path(__file__).resolve().parents[2] / "scripts" / "setup"
+ROOT = Path(__file__).resolve().parents[2]
+SETUP = ROOT / "scripts" / "setup"
 
 #: Records its arguments; `pip show torch` succeeds only when TORCH_INSTALLED is set.
 FAKE_PYTHON = """#!/usr/bin/env bash
@@ -20,16 +21,20 @@ if [ "$*" = "-m pip show torch" ] && [ -z "${TORCH_INSTALLED:-}" ]; then exit 1;
 """
 
 
-def pip_calls(tmp_path: Path, **environment: str) -> list[str]:
-    (tmp_path / "scripts").mkdir()
-    shutil.copy(SETUP, tmp_path / "scripts" / "setup")
-    python = tmp_path / ".venv" / "bin" / "python"
-    python.parent.mkdir(parents=True)
-    python.write_text(FAKE_PYTHON)
-    python.chmod(0o755)
+def pip_calls(tmp_path: Path, *arguments: str, **environment: str) -> list[str]:
+    if not (tmp_path / "scripts").exists():
+        (tmp_path / "scripts").mkdir()
+        shutil.copy(SETUP, tmp_path / "scripts" / "setup")
+        shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+        python = tmp_path / ".venv" / "bin" / "python"
+        python.parent.mkdir(parents=True)
+        python.write_text(FAKE_PYTHON)
+        python.chmod(0o755)
+    calls = tmp_path / ".venv" / "bin" / "calls"
+    calls.unlink(missing_ok=True)
     inherited = {key: value for key, value in os.environ.items() if key != "TORCH_INDEX_URL"}
-    subprocess.run([tmp_path / "scripts" / "setup"], env={**inherited, **environment}, check=True)
-    return (python.parent / "calls").read_text().splitlines()
+    subprocess.run([tmp_path / "scripts" / "setup", *arguments], env={**inherited, **environment}, check=True)
+    return calls.read_text().splitlines() if calls.exists() else []
 
 
 #: How the project's own install starts (its extras and constraints may change).
@@ -63,3 +68,20 @@ def test_torch_index_url_chooses_where_torch_comes_from(tmp_path: Path, index: s
 def test_an_installed_torch_is_kept(tmp_path: Path) -> None:
     calls = pip_calls(tmp_path, TORCH_INSTALLED="1", TORCH_INDEX_URL="https://download.pytorch.org/whl/cpu")
     assert not any("torch==" in call for call in calls)
+
+
+def test_a_job_installs_the_extras_it_names(tmp_path: Path) -> None:
+    assert any(call.startswith(f"{PROJECT_INSTALL}dev,verl]") for call in pip_calls(tmp_path))
+    assert any(call.startswith(f"{PROJECT_INSTALL}demo]") for call in pip_calls(tmp_path, "demo"))
+
+
+def test_nothing_is_installed_again_from_the_same_pyproject(tmp_path: Path) -> None:
+    pip_calls(tmp_path, "demo")
+    stamp = tmp_path / ".venv" / ".trace-rollout-setup"
+    project = stamp.read_text().split()[0]
+    stamp.write_text(f"{project} bench,demo,service,sim\n")  # what the real closure of demo is
+    assert pip_calls(tmp_path, "demo") == []
+    assert pip_calls(tmp_path, "sim") == []
+    assert pip_calls(tmp_path, "verl") != []  # an extra not installed yet
+    (tmp_path / "pyproject.toml").write_text((tmp_path / "pyproject.toml").read_text() + "\n# changed\n")
+    assert pip_calls(tmp_path, "demo") != []  # another pyproject.toml
