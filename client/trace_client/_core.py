@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
-from typing import Generic, TypeVar
+from typing import Generic, Literal, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -31,9 +31,11 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from trace_client.errors import (
     TraceAPIError,
     TraceConnectionError,
+    TraceRejectedEventsError,
     TraceResponseError,
     TraceTimeoutError,
     error_class,
+    rejected_summary,
 )
 from trace_proto import (
     API_VERSION,
@@ -175,6 +177,20 @@ def allocate_call(request: AllocateRequest, idempotency_key: str | None) -> ApiC
 
 def expand_call(events: Sequence[ExpandEvent]) -> ApiCall[ExpandResponse]:
     return ApiCall("POST", paths.EXPAND, ExpandResponse, body=_json_body(ExpandRequest(events=list(events))))
+
+
+#: What `expand` does when the service refuses some events of a batch: log a warning and return the
+#: answer, raise `TraceRejectedEventsError`, or return it silently (a caller that handles them itself).
+OnRejected = Literal["warn", "raise", "ignore"]
+
+
+def checked_expand(response: ExpandResponse, on_rejected: OnRejected) -> ExpandResponse:
+    """The answer of `/v1/expand`, after ``on_rejected`` dealt with the events it refused."""
+    if response.rejected and on_rejected != "ignore":
+        if on_rejected == "raise":
+            raise TraceRejectedEventsError(response)
+        logger.warning("%s", rejected_summary(response))
+    return response
 
 
 def claim_call(job: str, max_instructions: int) -> ApiCall[InstructionsResponse]:

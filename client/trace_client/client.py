@@ -25,7 +25,9 @@ from trace_client._core import (
     Backoff,
     ClientCore,
     ModelT,
+    OnRejected,
     TimeoutOption,
+    checked_expand,
 )
 from trace_proto import (
     DEFAULT_JOB,
@@ -118,10 +120,16 @@ class TraceClient(_Options):
         return self._send(_core.allocate_call(request, idempotency_key), timeout)
 
     def expand(
-        self, events: Sequence[ExpandEvent], *, timeout: TimeoutOption | None = None
+        self,
+        events: Sequence[ExpandEvent],
+        *,
+        timeout: TimeoutOption | None = None,
+        on_rejected: OnRejected = "warn",
     ) -> ExpandResponse:
-        """`POST /v1/expand`: report finished turns; the answer carries new branching instructions."""
-        return self._send(_core.expand_call(events), timeout)
+        """`POST /v1/expand`: report finished turns; the answer carries new branching instructions.
+        Events the service refused are in the answer's `rejected`; ``on_rejected`` says whether to log
+        a warning about them (the default), raise `TraceRejectedEventsError`, or say nothing."""
+        return checked_expand(self._send(_core.expand_call(events), timeout), on_rejected)
 
     def claim_instructions(
         self,
@@ -233,10 +241,14 @@ class AsyncTraceClient(_Options):
         return await self._send(_core.allocate_call(request, idempotency_key), timeout)
 
     async def expand(
-        self, events: Sequence[ExpandEvent], *, timeout: TimeoutOption | None = None
+        self,
+        events: Sequence[ExpandEvent],
+        *,
+        timeout: TimeoutOption | None = None,
+        on_rejected: OnRejected = "warn",
     ) -> ExpandResponse:
-        """`POST /v1/expand`: report finished turns; the answer carries new branching instructions."""
-        return await self._send(_core.expand_call(events), timeout)
+        """`POST /v1/expand`, as `TraceClient.expand`."""
+        return checked_expand(await self._send(_core.expand_call(events), timeout), on_rejected)
 
     async def claim_instructions(
         self,

@@ -4,6 +4,7 @@ TraceError
 ├── TraceConnectionError        the service could not be reached (after retries)
 │   └── TraceTimeoutError       ... and the last attempt timed out
 ├── TraceResponseError          a 2xx answer that is not the v1 shape (a proxy, a version mismatch)
+├── TraceRejectedEventsError    /v1/expand refused some events (with on_rejected="raise")
 └── TraceAPIError               the service answered with an error status
     ├── TraceBadRequest         4xx: the request is wrong (408 is retried first, as a timeout)
     │   ├── TraceAuthError      401, 403
@@ -17,7 +18,7 @@ TraceError
 
 from collections.abc import Sequence
 
-from trace_proto import ErrorItem
+from trace_proto import ErrorItem, ExpandResponse
 
 
 class TraceError(Exception):
@@ -43,6 +44,22 @@ class TraceResponseError(TraceError):
         super().__init__(f"{message} (status {status}, request id {request_id or 'unknown'})")
         self.status = status
         self.request_id = request_id
+
+
+class TraceRejectedEventsError(TraceError):
+    """`/v1/expand` recorded the batch but refused some of its events (`response.rejected` says which
+    and why); the rest were recorded, and `response` carries the instructions they made due."""
+
+    def __init__(self, response: ExpandResponse) -> None:
+        super().__init__(rejected_summary(response))
+        self.response = response
+
+
+def rejected_summary(response: ExpandResponse) -> str:
+    """One line naming the refused events of an `/v1/expand` answer and why (the first five)."""
+    shown = "; ".join(f"{item.event_id}: {item.status} {item.error}" for item in response.rejected[:5])
+    more = f"; and {len(response.rejected) - 5} more" if len(response.rejected) > 5 else ""
+    return f"the service refused {len(response.rejected)} event(s): {shown}{more}"
 
 
 class TraceAPIError(TraceError):

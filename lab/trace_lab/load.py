@@ -378,7 +378,7 @@ class LoadRun:
 
     async def _send(self, events: list[ExpandEvent], replica: int) -> set[str]:
         self.ledger.note_sent(events)
-        answer = await self.replicas.call(replica, lambda client: client.expand(events))
+        answer = await self.replicas.call(replica, lambda client: client.expand(events, on_rejected="ignore"))
         refused = self._book(events, answer)
         self.ledger.unexpected_rejections.extend(answer.rejected)
         return refused

@@ -21,6 +21,7 @@ from trace_client import (
     TraceConnectionError,
     TraceNotFound,
     TraceRateLimited,
+    TraceRejectedEventsError,
     TraceResponseError,
     TraceServerError,
     TraceTimeoutError,
@@ -594,3 +595,44 @@ def test_a_bad_url_in_the_environment_is_rejected(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("TRACE_URL", "trace:8000")
     with pytest.raises(ValueError, match="TRACE_URL must be an absolute http"):
         TraceClient()
+
+
+def refusing_transport() -> httpx.MockTransport:
+    """A service that records one event of a batch and refuses the other."""
+    refused = RejectedEvent(event_id="e2", status=409, error="node n1 already has a next turn")
+    return httpx.MockTransport(lambda _: answer(ExpandResponse(accepted=1, duplicates=0, rejected=[refused])))
+
+
+EVENTS = [
+    ExpandEvent(event_id="e1", tree_id="t", node_id="n1", done=True, reward=1.0),
+    ExpandEvent(event_id="e2", tree_id="t", node_id="n2", parent_id="n1"),
+]
+
+
+def test_refused_events_are_logged_by_default(caplog: pytest.LogCaptureFixture) -> None:
+    with (
+        TraceClient("http://trace.test", transport=refusing_transport()) as client,
+        caplog.at_level("WARNING"),
+    ):
+        response = client.expand(EVENTS)
+    assert [item.event_id for item in response.rejected] == ["e2"]
+    (record,) = [r for r in caplog.records if r.name == "trace_client"]
+    assert record.getMessage() == "the service refused 1 event(s): e2: 409 node n1 already has a next turn"
+
+
+def test_refused_events_raise_on_request_and_pass_silently_when_handled(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with TraceClient("http://trace.test", transport=refusing_transport()) as client:
+        with pytest.raises(TraceRejectedEventsError, match="e2: 409") as raised:
+            client.expand(EVENTS, on_rejected="raise")
+        assert raised.value.response.accepted == 1
+        with caplog.at_level("WARNING"):
+            assert client.expand(EVENTS, on_rejected="ignore").rejected
+    assert not [r for r in caplog.records if r.name == "trace_client"]
+
+
+async def test_the_async_client_deals_with_refused_events_alike() -> None:
+    async with AsyncTraceClient("http://trace.test", transport=refusing_transport()) as client:
+        with pytest.raises(TraceRejectedEventsError):
+            await client.expand(EVENTS, on_rejected="raise")

@@ -223,7 +223,7 @@ class _Reporter:
             if not self._pending:
                 self._arrived.clear()
             try:
-                response = await self._client.expand(batch)
+                response = await self._client.expand(batch, on_rejected="ignore")  # see _Answers
             except TraceAPIError as error:
                 if error.status in _RESEND_STATUSES or error.status >= 500:
                     await self._requeue(batch, error)
