@@ -42,10 +42,12 @@ def test_a_tiny_demo_compares_both_policies_and_writes_its_files(tmp_path: Path)
     assert report.runs[0].predictor is not None and report.runs[1].predictor is None
     output = "".join(text)
     assert "eff. ratio" in output and "\ntrace " in output and "\nuniform " in output
+    assert "The headline is `mixed`" in output
+    assert "only 2 step(s): the predictor trains on each step's finished trees" in output
     results = json.loads((tmp_path / "results.json").read_text())
     assert [run["policy"] for run in results["runs"]] == ["trace", "uniform"]
     assert len(results["runs"][0]["steps"]) == 2
-    assert (tmp_path / "effective_ratio.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "mixed_per_step.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_the_command_drives_a_running_service(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,7 +8,7 @@ pools and budgets. The policies take turns step by step, so at every step each o
 the same predictor (the service has one, trained on every job's trees); after each step the demo gives
 the service's background loop a moment to train on the step's trees before the next allocation. At the
 end it prints a comparison table (from `GET /v1/jobs/{job}/stats` and `GET /v1/predictor`) and writes
-`effective_ratio.png` and `results.json` under `--out`; with `--json` the results document goes to
+`mixed_per_step.png` and `results.json` under `--out`; with `--json` the results document goes to
 stdout and everything else to stderr.
 
 It needs the `demo` extra (`pip install 'trace-rollout[demo]'`: the service, the simulator and

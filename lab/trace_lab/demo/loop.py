@@ -162,7 +162,7 @@ def run(config: DemoConfig, write: Write = write_stdout) -> DemoReport:
     report = DemoReport(report.config, report.runs, time.monotonic() - started)
     write("\n" + comparison_table(report) + "\n")
     written = [write_results(report, config.out / "results.json")]
-    figure = plot(report, config.out / "effective_ratio.png")
+    figure = plot(report, config.out / "mixed_per_step.png")
     if figure is None:
         write("matplotlib is not installed: no plot (pip install 'trace-rollout[demo]')\n")
     else:

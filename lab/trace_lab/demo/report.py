@@ -98,10 +98,21 @@ def comparison_table(report: DemoReport) -> str:
     config = report.config
     lines.append(
         f"pool {config.pool} prompts, budget {config.budget} bare rollouts + expansion {config.expansion:g} "
-        f"per step, {config.steps} steps, seed {config.seed}; effective ratio pooled over steps; "
-        f"predictor: version used at the last allocation → version at the end, quality on held-out trees"
+        f"per step, {config.steps} steps, seed {config.seed}. The headline is `mixed`: trees whose rollouts "
+        f"disagree, the groups a GRPO-style trainer learns from, at the same budget spent; effective ratio "
+        f"= mixed / active, pooled over steps; predictor: version used at the last allocation → version at "
+        f"the end, quality on held-out trees"
     )
+    if config.steps < FEW_STEPS:
+        lines.append(
+            f"only {config.steps} step(s): the predictor trains on each step's finished trees, so the first "
+            f"steps allocate from its prior; run --steps {FEW_STEPS} or more to see what it learns"
+        )
     return "\n".join(lines)
+
+
+#: Fewer steps than this are too few for the predictor to learn much: the footer says so.
+FEW_STEPS = 5
 
 
 def _at(values: list[float | None], index: int) -> float | None:
@@ -120,7 +131,8 @@ def _aligned(rows: Sequence[Sequence[str]]) -> str:
 
 
 def plot(report: DemoReport, path: Path) -> Path | None:
-    """Effective ratio per step per policy, as a PNG; None when matplotlib is not installed."""
+    """Mixed trees and the effective ratio per step per policy, as a PNG; None when matplotlib is not
+    installed."""
     try:
         import matplotlib
 
@@ -128,18 +140,24 @@ def plot(report: DemoReport, path: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    figure, axes = plt.subplots(figsize=(7, 4.2), dpi=120)
+    from matplotlib.ticker import MaxNLocator
+
+    figure, (mixed_axes, ratio_axes) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=120)
     for run in report.runs:
-        ratios = run.ratios()
         steps = [step.step for step in run.stats.steps]
-        axes.plot(steps, [math.nan if r is None else r for r in ratios], marker="o", label=run.policy.value)
+        mixed_axes.plot(steps, [step.mixed for step in run.stats.steps], marker="o", label=run.policy.value)
+        ratios = [math.nan if r is None else r for r in run.ratios()]
+        ratio_axes.plot(steps, ratios, marker="o", label=run.policy.value)
     config = report.config
-    axes.set_xlabel("training step")
-    axes.set_ylabel("effective ratio (mixed / active prompts)")
-    axes.set_title(f"Same budget per step: {config.budget} bare rollouts, expansion {config.expansion:g}")
-    axes.set_ylim(0, 1)
-    axes.grid(alpha=0.3)
-    axes.legend()
+    mixed_axes.set_ylabel("mixed trees (rollouts that disagree)")
+    ratio_axes.set_ylabel("effective ratio (mixed / active prompts)")
+    ratio_axes.set_ylim(0, 1)
+    for axes in (mixed_axes, ratio_axes):
+        axes.set_xlabel("training step")
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axes.grid(alpha=0.3)
+        axes.legend()
+    figure.suptitle(f"Same budget per step: {config.budget} bare rollouts, expansion {config.expansion:g}")
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path)
