@@ -17,7 +17,13 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.dependencies.models import Dependant
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    start_http_server,
+)
 from redis.exceptions import RedisError
 
 from trace_proto import API_VERSION, AllocateRequest, ExpandRequest, PredictRequest
@@ -72,6 +78,10 @@ def create_app(settings: Settings | None = None, *, store: TreeStore | None = No
     """Build the service.  ``store`` injects a ready store (tests); otherwise the settings name one."""
     settings = settings or Settings()
     registry = CollectorRegistry()
+    # What operators look for beside the service's own: process_*, python_info, python_gc_*.
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
     metrics = Metrics(registry)
 
     @contextlib.asynccontextmanager

@@ -55,6 +55,9 @@ def test_metrics_path_serves_every_metric(service: ThreadedService) -> None:
     status, exposition = get(f"{service.url}/metrics")
     assert status == 200
     assert exposed_names(exposition) >= METRIC_NAMES
+    # The process, platform and garbage-collector families every Python exporter has.
+    standard = {"process_cpu_seconds_total", "process_resident_memory_bytes", "python_info"}
+    assert standard | {"python_gc_objects_collected_total"} <= exposed_names(exposition)
 
 
 def test_requests_are_labelled_by_route_template(service: ThreadedService) -> None:
