@@ -77,6 +77,8 @@ class TreeMeta:
 
     #: The meta hash fields a TreeMeta is read from.
     FIELDS = ("spec", "job", "status", "rollouts", "expansion_budget", "rounds", "finished_at", *_COUNTERS)
+    #: The fields only the scripts use: a Stage 2 claim (round, token, lease end) and the last update.
+    SCRIPT_FIELDS = ("decision_round", "decision_token", "decision_until", "updated_at")
 
     tree_id: str
     allocation_id: str
@@ -140,8 +142,7 @@ class TreeMeta:
             status=TreeStatus(_present(raw, "status")),
             created_at=float(spec["created_at"]),
             finished_at=float(raw.get("finished_at") or 0),
-            # Trees created before the field existed branch from any depth.
-            max_branch_depth=spec.get("max_branch_depth"),
+            max_branch_depth=spec["max_branch_depth"],
             **counters,
         )
 
