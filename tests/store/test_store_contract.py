@@ -7,8 +7,6 @@ import dataclasses
 import itertools
 from collections.abc import Sequence
 
-import orjson
-
 from trace_proto import ExpandEvent
 from trace_service.allocation import Reserve
 from trace_service.lifecycle import TRANSITIONS, EventStatus, TreeStatus
@@ -98,20 +96,11 @@ async def test_a_created_tree_starts_collecting_and_a_repeated_create_changes_no
     assert await store.load_tree("missing") is None
 
 
-async def test_a_tree_keeps_its_depth_limit_and_one_made_before_the_limit_existed_has_none(
-    store: TreeStore,
-) -> None:
+async def test_a_tree_keeps_its_depth_limit(store: TreeStore) -> None:
     limited = dataclasses.replace(new_tree("t1"), max_branch_depth=1)
     await store.create_trees([limited, new_tree("t2")], now=1.0)
     assert (await meta_of(store, "t1")).max_branch_depth == 1
     assert (await meta_of(store, "t2")).max_branch_depth is None
-    spec = {
-        "allocation_id": "a", "step": 0, "prompt_id": "p", "features": None, "prior": [0, 0],
-        "policy": "trace", "predicted": 0.5, "return_unspent": False, "created_at": 1.0,
-    }  # fmt: skip
-    old = {"spec": orjson.dumps(spec).decode(), "job": JOB, "status": "collecting", "rounds": "1"}
-    old |= {"rollouts": "2", "expansion_budget": "2"}
-    assert TreeMeta.from_hash("old", old).max_branch_depth is None
 
 
 # --- applying events ------------------------------------------------------------------------------
