@@ -189,7 +189,8 @@ def create_app(settings: Settings | None = None, *, store: TreeStore | None = No
     app.add_middleware(AuthMiddleware, tokens=[token.get_secret_value() for token in settings.auth_tokens])
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(RequestContextMiddleware)
-    app.openapi = lambda: openapi_document(app)  # type: ignore[method-assign]
+    auth_required = bool(settings.auth_tokens)
+    app.openapi = lambda: openapi_document(app, auth_required=auth_required)  # type: ignore[method-assign]
     return app
 
 
@@ -212,9 +213,14 @@ def _query_names(dependant: Dependant) -> set[str]:
     return names
 
 
-def openapi_document(app: FastAPI) -> dict[str, Any]:
+#: The OpenAPI name of the bearer-token scheme.
+BEARER_SCHEME = "bearer"
+
+
+def openapi_document(app: FastAPI, *, auth_required: bool = False) -> dict[str, Any]:
     """The OpenAPI document, with the request bodies that routes validate from their bytes (off the
-    event loop when large; /v1/expand event by event) described by their models."""
+    event loop when large; /v1/expand event by event) described by their models, and the bearer scheme
+    on every /v1 operation: required when the service has tokens, optional (``{}`` first) when not."""
     if app.openapi_schema is None:
         document = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
         document["info"]["x-api-version"] = API_VERSION
@@ -223,5 +229,20 @@ def openapi_document(app: FastAPI) -> dict[str, Any]:
             schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
             schemas.update(schema.pop("$defs", {}))
             schemas[model.__name__] = schema
+        document["components"]["securitySchemes"] = {
+            BEARER_SCHEME: {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "One of the service's TRACE_AUTH_TOKENS. Every /v1 call needs it when the "
+                "service was started with tokens; without tokens none is asked for.",
+            }
+        }
+        requirement: list[dict[str, list[str]]] = (
+            [{BEARER_SCHEME: []}] if auth_required else [{}, {BEARER_SCHEME: []}]
+        )
+        for path, operations in document["paths"].items():
+            if path.startswith("/v1/"):
+                for operation in operations.values():
+                    operation["security"] = requirement
         app.openapi_schema = document
     return app.openapi_schema

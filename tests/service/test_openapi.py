@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from hypothesis import HealthCheck, settings
 from support import make_settings
 
 from trace_lab.local import ThreadedService
+from trace_service.app import create_app
 from trace_service.cli import openapi_text
 
 OPENAPI = Path(__file__).resolve().parents[2] / "proto" / "openapi.v1.json"
@@ -23,6 +25,26 @@ def test_committed_openapi_document_is_current() -> None:
     assert OPENAPI.read_text() == openapi_text(), (
         "run `trace-rollout openapi` and commit proto/openapi.v1.json"
     )
+
+
+def test_every_v1_operation_declares_the_bearer_scheme_required_only_when_tokens_are_set() -> None:
+    committed = json.loads(OPENAPI.read_text())
+    assert committed["components"]["securitySchemes"]["bearer"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "description": committed["components"]["securitySchemes"]["bearer"]["description"],
+    }
+    operations = [
+        (path, operation) for path, item in committed["paths"].items() for operation in item.values()
+    ]
+    for path, operation in operations:
+        expected = [{}, {"bearer": []}] if path.startswith("/v1/") else None
+        assert operation.get("security") == expected, path
+    live = create_app(make_settings(auth_tokens="s3cret")).openapi()
+    assert {
+        str(operation["security"]) for path, item in live["paths"].items() if path.startswith("/v1/")
+        for operation in item.values()
+    } == {str([{"bearer": []}])}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
