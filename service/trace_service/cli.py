@@ -122,6 +122,7 @@ def _wait_for_store(url: str, cluster: bool, seconds: float) -> None:
     while True:
         try:
             client.ping()
+            client.close()  # the service opens its own connections
             return
         except (RedisError, OSError) as error:
             if time.monotonic() + pause > deadline:
