@@ -31,10 +31,10 @@ every `--eval-every` updates (and after an arm's last) against cumulative genera
 accuracy at uniform's total tokens (and, sampled, at uniform's total rollouts: the equal-rollouts
 comparison); the tokens it needed to reach uniform's final sampled accuracy as a fraction of uniform's
 (the first crossing, linear between evaluations); the share of mixed groups. Then mean ± spread over
-seeds, and curves as PNGs in `bench/results/`. Each (task, seed)'s curves are saved in
-`bench/results/lm-runs/` (`--runs`) under a key of every argument that shapes them, so a matrix can run
-in parts (one process per task, `--threads 1`) and the full command then reports it without running
-again.
+seeds, and curves as PNGs in `bench/results/`. Each (task, seed, arm)'s curve is saved in
+`bench/results/lm-runs/` (`--runs`) under a key of every argument that shapes it, so a matrix can run
+in parts (one process per task, `--threads 1`), an arm added later runs beside the others' saved
+curves, and the full command then reports it all without running again.
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ from trace_proto import AllocateRequest, Policy, PromptIn
 
 UNIFORM = "uniform"
 DEFAULT_ARMS = ("uniform", "dapo", "trace_paper", "trace")
-ALL_ARMS = ("uniform", "dapo", "greso", "knapsack", "trace_paper", "trace")
+#: Every policy of the contract; `uniform` is GRPO's flat groups at R = M + ⌊M·N⌋ rollouts.
+ALL_ARMS = tuple(policy.value for policy in Policy)
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "results"
 #: Under the token horizon an arm steps on at most this many times `--steps` to match uniform's tokens.
 MAX_STEPS_FACTOR = 2
@@ -430,9 +431,11 @@ def start_services(arms: Sequence[Arm], directory: Path, feature_dim: int) -> di
 
 
 async def run_task_seed(
-    task: Task, seed: int, args: argparse.Namespace, directory: Path
+    task: Task, seed: int, args: argparse.Namespace, directory: Path, saved: dict[str, TokenCurve]
 ) -> dict[str, TokenCurve]:
-    """Every arm on one task and seed, in lockstep on the same pools; the curves by arm name."""
+    """The arms of ``args.arms`` not in ``saved`` on one task and seed, in lockstep on the same pools;
+    their curves by arm name. The others step on until they have generated uniform's tokens, so
+    uniform's curve comes from ``saved`` or runs first."""
     config = ModelConfig(
         vocab_size=vocab.VOCAB_SIZE,
         d_model=args.d_model,
@@ -444,7 +447,7 @@ async def run_task_seed(
     base = warm_started(task, config, warm, seed, args.out / "lm-cache", args.device)
     test = task.sample_prompts(np.random.default_rng([seed, 2]), args.test_prompts)
     stream = task.sample_prompts(np.random.default_rng([seed, 1]), args.pool * MAX_STEPS_FACTOR * args.steps)
-    arms = build_arms(args.arms, args.budget, args.expansion)
+    arms = [arm for arm in build_arms(args.arms, args.budget, args.expansion) if arm.name not in saved]
     services = start_services(arms, directory, args.features)
     runs = []
     try:
@@ -459,16 +462,16 @@ async def run_task_seed(
         print_histogram(task, runs[0].policy, test)
         for run in runs:
             run.curve.record_accuracy(start_greedy, start_sampled)
-        uniform = next(run for run in runs if run.arm.name == UNIFORM)
+        uniform = saved.get(UNIFORM) or next(run.curve for run in runs if run.arm.name == UNIFORM)
         started = time.perf_counter()
         for step in itertools.count():
-            stepping = [run for run in runs if takes_step(run.curve, uniform.curve, step, args.steps)]
+            stepping = [run for run in runs if takes_step(run.curve, uniform, step, args.steps)]
             if not stepping:
                 break
             pool = stream[(step * args.pool) % len(stream) :][: args.pool]
             for run in stepping:  # one at a time: the machine's cores go to one arm's sampling
                 await run.step(step, pool)
-                last = not takes_step(run.curve, uniform.curve, step + 1, args.steps)
+                last = not takes_step(run.curve, uniform, step + 1, args.steps)
                 if last or (step + 1) % args.eval_every == 0:
                     run.curve.record_accuracy(*accuracy(run.policy, test, args.eval_samples))
             await asyncio.gather(
@@ -489,29 +492,32 @@ async def run_task_seed(
     return {run.arm.name: run.curve for run in runs}
 
 
-#: The arguments that do not change a run's curves (a saved run is reused whatever they are).
-NOT_IN_RUN_KEY = frozenset({"task", "tasks", "seeds", "threads", "step_timeout", "out", "runs", "quick"})
+#: The arguments that do not change an arm's curve (a saved curve is reused whatever they are).
+NOT_IN_RUN_KEY = frozenset(
+    {"task", "tasks", "arms", "seeds", "threads", "step_timeout", "out", "runs", "quick"}
+)
 
 
-def run_path(task: Task, seed: int, args: argparse.Namespace) -> Path:
-    """Where the curves of (task, seed, every argument that shapes them) are saved: a matrix can be run
-    in parts (one process per task, say) and reported whole by the full command."""
+def run_path(task: Task, seed: int, arm: str, args: argparse.Namespace) -> Path:
+    """Where the curve of (task, seed, arm, every argument that shapes it) is saved: a matrix can be run
+    in parts (one process per task, say), an arm added later reuses the others, and the full command
+    reports it all without running again."""
     shaping = {name: value for name, value in vars(args).items() if name not in NOT_IN_RUN_KEY}
     key = json.dumps([task.name, seed, shaping], sort_keys=True, default=str)
-    return args.runs / f"{task.name}-s{seed}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.json"
+    return args.runs / f"{task.name}-s{seed}-{hashlib.sha256(key.encode()).hexdigest()[:12]}-{arm}.json"
 
 
-def save_curves(path: Path, curves: dict[str, TokenCurve]) -> None:
+def save_curve(path: Path, curve: TokenCurve) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".part")
-    partial.write_text(json.dumps({name: asdict(curve) for name, curve in curves.items()}))
+    partial.write_text(json.dumps(asdict(curve)))
     partial.replace(path)  # never a half-written run
 
 
-def load_curves(path: Path) -> dict[str, TokenCurve] | None:
+def load_curve(path: Path) -> TokenCurve | None:
     if not path.exists():
         return None
-    return {name: TokenCurve(**fields) for name, fields in json.loads(path.read_text()).items()}
+    return TokenCurve(**json.loads(path.read_text()))
 
 
 def print_histogram(task: Task, policy: LMPolicy, prompts: Sequence[Prompt], samples: int = 8) -> None:
@@ -624,7 +630,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     parser.add_argument("--task", default="arithmetic", help=f"task or comma list of {', '.join(TASKS)}")
-    parser.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"comma list of {', '.join(ALL_ARMS)}")
+    parser.add_argument(
+        "--arms",
+        default=None,
+        help=f"comma list of {', '.join(ALL_ARMS)} (default: {','.join(DEFAULT_ARMS)}; --quick: "
+        "uniform,trace)",
+    )
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--steps", type=int, default=32, help="uniform's policy-gradient steps")
     parser.add_argument("--pool", type=int, default=32, help="prompts offered each step (B)")
@@ -649,16 +660,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--step-timeout", type=float, default=600.0)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--runs", type=Path, default=None, help="saved runs (default: OUT/lm-runs)")
-    parser.add_argument("--quick", action="store_true", help="smoke run: a small model, 2 steps, 2 arms")
+    parser.add_argument("--quick", action="store_true", help="smoke run: a small model, 2 steps")
     args = parser.parse_args(argv)
     args.runs = args.runs or args.out / "lm-runs"
     if args.quick:
-        args.arms, args.steps, args.pool, args.budget = "uniform,trace", 2, 8, 16
+        args.arms = args.arms or "uniform,trace"
+        args.steps, args.pool, args.budget = 2, 8, 16
         args.warm_steps, args.test_prompts, args.eval_samples, args.d_model = 30, 16, 1, 32
         args.eval_every = 1
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.tasks = comma_list(args.task)
-    args.arms = comma_list(args.arms)
+    args.arms = comma_list(args.arms or ",".join(DEFAULT_ARMS))
     unknown = [name for name in args.tasks if name not in TASKS] + [a for a in args.arms if a not in ALL_ARMS]
     if unknown:
         parser.error(f"unknown tasks or arms: {unknown}")
@@ -676,14 +688,16 @@ def main(argv: list[str] | None = None) -> None:
         for name in args.tasks:
             task = TASKS[name]()
             for seed in range(args.seeds):
-                path = run_path(task, seed, args)
-                curves = load_curves(path)
-                if curves is None:
-                    curves = asyncio.run(run_task_seed(task, seed, args, Path(directory)))
-                    save_curves(path, curves)
-                else:
-                    print(f"  {name} seed {seed}: the curves of {path}", file=sys.stderr)
-                results.setdefault(name, {})[seed] = curves
+                paths = {arm: run_path(task, seed, arm, args) for arm in args.arms}
+                saved = {arm: curve for arm, path in paths.items() if (curve := load_curve(path)) is not None}
+                if saved:
+                    print(f"  {name} seed {seed}: saved curves of {', '.join(saved)}", file=sys.stderr)
+                if len(saved) < len(paths):
+                    ran = asyncio.run(run_task_seed(task, seed, args, Path(directory), saved))
+                    for arm, curve in ran.items():
+                        save_curve(paths[arm], curve)
+                        saved[arm] = curve
+                results.setdefault(name, {})[seed] = {arm: saved[arm] for arm in args.arms}
     print(
         f"LM learner: {args.seeds} seed(s) × {args.steps} uniform steps, pool B = {args.pool}, uniform "
         f"{args.budget + int(args.budget * args.expansion)} bare rollouts, the others M = {args.budget} + "

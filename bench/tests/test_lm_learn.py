@@ -96,8 +96,16 @@ def test_quick_run_reports_every_arm(tmp_path: Path, capsys: pytest.CaptureFixtu
     for arm in ("uniform", "trace"):
         assert f"| arithmetic | {arm} |" in output
     assert (tmp_path / "lm-arithmetic.png").stat().st_size > 0
-    (saved,) = (tmp_path / "lm-runs").glob("arithmetic-s0-*.json")
-    main(["--quick", "--out", str(tmp_path), "--threads", "1"])  # the saved run, not a new one
+    runs = (tmp_path / "lm-runs").glob("arithmetic-s0-*.json")
+    saved = sorted(path.name.rsplit("-", 1)[1] for path in runs)
+    assert saved == ["trace.json", "uniform.json"]  # a curve per arm
+    main(["--quick", "--out", str(tmp_path), "--threads", "1"])  # the saved curves, not new runs
     captured = capsys.readouterr()
-    assert f"the curves of {saved}" in captured.err
+    assert "saved curves of uniform, trace" in captured.err
     assert captured.out.splitlines()[1:-1] == output.splitlines()[1:-1]  # all but the wall time
+    # An arm added later runs alone, beside uniform's saved curve.
+    main(["--quick", "--out", str(tmp_path), "--arms", "uniform,trace,trace_paper"])
+    captured = capsys.readouterr()
+    assert "saved curves of uniform, trace" in captured.err
+    assert "| arithmetic | trace_paper |" in captured.out
+    assert len(list((tmp_path / "lm-runs").glob("arithmetic-s0-*-trace_paper.json"))) == 1
