@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from ops_support import (
+    REPO_ROOT,
     alert_rules,
     dashboard_expressions,
     dashboard_panels,
@@ -30,6 +32,70 @@ from trace_lab.local import free_port
 from trace_service.metrics import Metrics
 
 ALERT_TESTS = Path(__file__).with_name("alert_rules_test.yaml")
+RUNBOOK = REPO_ROOT / "docs" / "runbook.md"
+RUNBOOK_URL = "https://github.com/trace-rollout/trace-rollout/blob/main/docs/runbook.md"
+
+#: Where every dashboard query looks: the variables a Grafana user picks the deployment with.
+SCOPE_FILTERS = {"cluster": ("=~", "$cluster"), "namespace": ("=~", "$namespace")}
+JOB_FILTER = ("=~", "$training_job")
+
+_SELECTOR = re.compile(r"(?<![A-Za-z0-9_:])(trace_[A-Za-z0-9_:]*)\s*(?:\{([^}]*)\})?")
+_MATCHER = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')
+_AGGREGATION = re.compile(
+    r"\b(sum|min|max|avg|count|group|stddev|stdvar|topk|bottomk|quantile|count_values)\s*"
+    r"(?:(by|without)\s*\(([^)]*)\)\s*)?\("
+)
+
+
+def metric_selectors(expression: str) -> list[tuple[str, dict[str, tuple[str, str]]]]:
+    """Every ``trace_…`` selector of a PromQL expression, with its label matchers by label."""
+    return [
+        (name, {label: (operator, value) for label, operator, value in _MATCHER.findall(matchers or "")})
+        for name, matchers in _SELECTOR.findall(expression)
+    ]
+
+
+def aggregations(expression: str) -> list[tuple[str, str | None, list[str]]]:
+    """Every aggregation of a PromQL expression: operator, ``by``/``without`` (or None), its labels."""
+    return [
+        (operator, modifier or None, [label.strip() for label in labels.split(",") if label.strip()])
+        for operator, modifier, labels in _AGGREGATION.findall(expression)
+    ]
+
+
+def markdown_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives the headings of a Markdown document."""
+    anchors = set()
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*$", text, flags=re.MULTILINE):
+        anchors.add(re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-"))
+    return anchors
+
+
+def dashboard_rows(dashboard: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The panels under each row, by the row's title: a collapsed row holds its own, an open row the
+    panels placed below it and above the next row."""
+    rows = sorted(
+        (panel for panel in dashboard["panels"] if panel["type"] == "row"),
+        key=lambda row: row["gridPos"]["y"],
+    )
+    grouped: dict[str, list[dict[str, Any]]] = {row["title"]: list(row.get("panels", [])) for row in rows}
+    for panel in dashboard["panels"]:
+        if panel["type"] == "row":
+            continue
+        above = [row for row in rows if row["gridPos"]["y"] < panel["gridPos"]["y"]]
+        assert above, f"panel {panel['title']!r} sits above every row"
+        grouped[above[-1]["title"]].append(panel)
+    return grouped
+
+
+def firing_cases() -> dict[str, list[dict[str, Any]]]:
+    """The expected alerts of every promtool test case that expects some, by alert name."""
+    cases: dict[str, list[dict[str, Any]]] = {}
+    for test in yaml.safe_load(ALERT_TESTS.read_text())["tests"]:
+        for case in test.get("alert_rule_test", []):
+            if case.get("exp_alerts"):
+                cases.setdefault(case["alertname"], []).extend(case["exp_alerts"])
+    return cases
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +122,36 @@ def test_dashboard_shows_every_exported_metric(dashboard: dict[str, Any]) -> Non
     assert registered_metric_names() <= used, registered_metric_names() - used
 
 
+def test_alert_aggregations_keep_namespace() -> None:
+    """Two deployments watched by one Prometheus (staging and production) never mix in an alert."""
+    for rule in alert_rules(prometheus_rule_spec()):
+        for operator, modifier, labels in aggregations(rule["expr"]):
+            assert modifier == "by" and "namespace" in labels, (rule["alert"], operator, modifier, labels)
+
+
+def test_every_alert_links_its_runbook_section() -> None:
+    anchors = markdown_anchors(RUNBOOK.read_text())
+    for rule in alert_rules(prometheus_rule_spec()):
+        url = rule["annotations"].get("runbook_url", "")
+        page, _, anchor = url.partition("#")
+        assert page == RUNBOOK_URL, (rule["alert"], url)
+        assert anchor == rule["alert"].lower(), (rule["alert"], url)
+        assert anchor in anchors, f"docs/runbook.md has no heading for {rule['alert']}"
+
+
+def test_every_alert_has_a_firing_test_case() -> None:
+    """alert_rules_test.yaml makes every alert fire at least once, namespace and runbook included."""
+    cases = firing_cases()
+    for rule in alert_rules(prometheus_rule_spec()):
+        expected = cases.get(rule["alert"])
+        assert expected, f"no promtool case in {ALERT_TESTS.name} where {rule['alert']} fires"
+        assert any("namespace" in alert.get("exp_labels", {}) for alert in expected), rule["alert"]
+        for alert in expected:
+            assert alert.get("exp_labels", {}).get("severity") == rule["labels"]["severity"], rule["alert"]
+            runbook = alert.get("exp_annotations", {}).get("runbook_url")
+            assert runbook and runbook == rule["annotations"].get("runbook_url"), rule["alert"]
+
+
 def test_alert_rules_use_only_exported_metrics() -> None:
     used = set().union(*(metric_names_in(rule["expr"]) for rule in alert_rules(prometheus_rule_spec())))
     assert used, "the alert rules have no trace_ queries"
@@ -65,10 +161,23 @@ def test_alert_rules_use_only_exported_metrics() -> None:
 def test_dashboard_is_portable_and_filters_by_job(dashboard: dict[str, Any]) -> None:
     assert dashboard["uid"] == "trace-rollout"
     variables = {variable["name"]: variable for variable in dashboard["templating"]["list"]}
+    assert list(variables) == ["datasource", "cluster", "namespace", "training_job"]
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
-    assert variables["training_job"]["type"] == "query"
-    assert "label_values(trace_" in variables["training_job"]["definition"]
+    for name in ("cluster", "namespace", "training_job"):
+        variable = variables[name]
+        assert variable["type"] == "query"
+        assert variable["datasource"]["uid"] == "${datasource}"
+        assert variable["definition"] == variable["query"]["query"]
+        assert variable["definition"].startswith("label_values(trace_")
+        assert variable["definition"].endswith(f", {name})")
+        assert metric_names_in(variable["definition"]) <= registered_metric_names()
+        # Several or all; All is `.*`, which also matches a series without the label (no cluster label
+        # in a single-cluster Prometheus).
+        assert variable["multi"] and variable["includeAll"] and variable["allValue"] == ".*"
+    # Each variable offers only the values of the choices made before it.
+    assert 'cluster=~"$cluster"' in variables["namespace"]["definition"]
+    assert 'cluster=~"$cluster", namespace=~"$namespace"' in variables["training_job"]["definition"]
 
     panels = list(dashboard_panels(dashboard))
     ids = [panel["id"] for panel in panels]
@@ -84,6 +193,79 @@ def test_dashboard_is_portable_and_filters_by_job(dashboard: dict[str, Any]) -> 
     job_scoped = [expression for expression in dashboard_expressions(dashboard) if "job=~" in expression]
     assert all('training_job=~"$training_job"' in expression for expression in job_scoped)
     assert job_scoped
+
+
+def test_selector_parsing() -> None:
+    expression = (
+        'sum(rate(trace_a_total{namespace=~"$namespace", status=~"5.."}[5m])) / sum(rate(trace_a_total[5m]))'
+        " and max by (namespace, le) (trace_b)"
+    )
+    assert metric_selectors(expression) == [
+        ("trace_a_total", {"namespace": ("=~", "$namespace"), "status": ("=~", "5..")}),
+        ("trace_a_total", {}),
+        ("trace_b", {}),
+    ]
+    assert aggregations(expression) == [
+        ("sum", None, []),
+        ("sum", None, []),
+        ("max", "by", ["namespace", "le"]),
+    ]
+    assert markdown_anchors("# Run book\n\n## TraceRolloutUp\n### What (it) means\n") == {
+        "run-book",
+        "tracerolloutup",
+        "what-it-means",
+    }
+
+
+def test_every_dashboard_query_is_scoped_by_namespace_and_job(dashboard: dict[str, Any]) -> None:
+    """Staging and production never share a graph: every selector of every panel filters by the
+    cluster and namespace variables, and by the training job wherever the series has that label."""
+    registry = CollectorRegistry()
+    populate(Metrics(registry))
+    per_job = {
+        sample.name
+        for family in registry.collect()
+        for sample in family.samples
+        if "training_job" in sample.labels
+    }
+    assert per_job, "no series carries training_job"
+    checked = 0
+    for panel in dashboard_panels(dashboard):
+        for target in panel.get("targets", []):
+            selectors = metric_selectors(target["expr"])
+            assert selectors, (panel["title"], target["expr"])
+            for name, matchers in selectors:
+                for label, expected in SCOPE_FILTERS.items():
+                    assert matchers.get(label) == expected, (panel["title"], name, label)
+                if name in per_job:
+                    assert matchers.get("training_job") == JOB_FILTER, (panel["title"], name)
+                checked += 1
+    assert checked
+
+
+def test_dashboard_panels_sit_under_their_row(dashboard: dict[str, Any]) -> None:
+    rows = dashboard_rows(dashboard)
+    assert list(rows) == [
+        "Requests",
+        "Allocation and expansion",
+        "Instructions",
+        "Budget",
+        "Outcomes",
+        "Predictor",
+        "Store",
+    ]
+    prefixes = {"Predictor": "trace_predictor_", "Store": "trace_store_"}
+    for title, panels in rows.items():
+        assert panels, f"row {title!r} is empty"
+        for panel in panels:
+            used = set().union(*map(metric_names_in, (target["expr"] for target in panel["targets"])))
+            for row, prefix in prefixes.items():
+                # A panel about the predictor or the store only is in that row, and that row holds
+                # nothing else.
+                if all(name.startswith(prefix) for name in used):
+                    assert title == row, f"{panel['title']!r} belongs under {row!r}, not {title!r}"
+                if title == row:
+                    assert all(name.startswith(prefix) for name in used), (title, panel["title"])
 
 
 def promtool_or_skip() -> str:
@@ -187,7 +369,14 @@ def scraping_prometheus(tmp_path: Path) -> Iterator[Prometheus]:
         "scrape_configs": [
             {
                 "job_name": "trace-rollout",
-                "static_configs": [{"targets": [f"127.0.0.1:{exporter.server_port}"]}],
+                "static_configs": [
+                    {
+                        "targets": [f"127.0.0.1:{exporter.server_port}"],
+                        # What the Prometheus Operator adds from the target's namespace; no cluster label,
+                        # as in a single-cluster Prometheus.
+                        "labels": {"namespace": "production"},
+                    }
+                ],
             }
         ],
     }
@@ -228,7 +417,9 @@ def grafana_to_promql(expression: str) -> str:
     return (
         expression.replace("$__rate_interval", "1m")
         .replace("$__range", "1m")
-        .replace('"$training_job"', '"run-a|run-b"')
+        .replace('"$training_job"', '"(run-a|run-b)"')
+        .replace('"$namespace"', '"(production|staging)"')
+        .replace('"$cluster"', '".*"')  # All: matches the series without a cluster label
     )
 
 
@@ -244,10 +435,25 @@ def test_real_prometheus_answers_every_query(
     )
     assert scrape_jobs["data"] == ["trace-rollout"], "job stays the scrape job, without honor_labels"
 
+    variables = {variable["name"]: variable for variable in dashboard["templating"]["list"]}
+    offered = {}
+    for name in ("cluster", "namespace", "training_job"):
+        selector = grafana_to_promql(variables[name]["definition"])[len("label_values(") : -len(f", {name})")]
+        values = scraping_prometheus.get(f"/api/v1/label/{name}/values", **{"match[]": selector})
+        assert values["status"] == "success", (name, values.get("error"))
+        offered[name] = values["data"]
+    assert offered == {"cluster": [], "namespace": ["production"], "training_job": ["run-a"]}
+
     for expression in dashboard_expressions(dashboard):
         answer = scraping_prometheus.query(grafana_to_promql(expression))
         assert answer["status"] == "success", (expression, answer.get("error"))
         assert answer["data"]["result"], f"no data for {expression}"
+        # Another namespace's dashboard shows nothing of this one.
+        elsewhere = scraping_prometheus.query(
+            grafana_to_promql(expression.replace('"$namespace"', '"elsewhere"'))
+        )
+        assert elsewhere["status"] == "success", (expression, elsewhere.get("error"))
+        assert not elsewhere["data"]["result"], f"{expression} shows another namespace"
     for rule in alert_rules(prometheus_rule_spec()):
         answer = scraping_prometheus.query(rule["expr"])
         assert answer["status"] == "success", (rule["alert"], answer.get("error"))
