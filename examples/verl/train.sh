@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GRPO with TRACE on verl's v1 trainer (GPU machine, verl with vLLM or SGLang installed). Start the service
-# first (`trace-rollout serve`, or `docker compose -f examples/verl/compose.yaml up -d`). MODEL, DATA
+# first (`trace-rollout serve`, or `docker compose -f deploy/compose.yaml up -d --build`). MODEL, DATA
 # (a directory with verl's train.parquet and test.parquet) and TRACE_URL are read from the environment;
 # any other verl override can be appended to the command line.
 set -euo pipefail
