@@ -31,7 +31,8 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
-from trace_service.tree import TreeTargets, advantages
+from trace_proto import TreeResponse
+from trace_service.tree import TreeTargets, advantages, tree_targets
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -85,3 +86,12 @@ ADVANTAGES: dict[str, Advantage] = {
     "local": local_only,
     "loo": leave_one_out,
 }
+
+
+def exported_tree_advantages(tree: TreeResponse, name: str) -> FloatArray:
+    """The variant ``name`` for each node of a tree the service exported (in ``tree.nodes`` order),
+    computed from its rewards; NaN where no scored leaf lies below."""
+    index = {node.node_id: i for i, node in enumerate(tree.nodes)}
+    parent = np.array([-1 if n.parent_id is None else index[n.parent_id] for n in tree.nodes], np.int64)
+    reward = np.array([np.nan if n.reward is None else n.reward for n in tree.nodes])
+    return ADVANTAGES[name](parent, tree_targets(parent, reward))

@@ -69,7 +69,7 @@ import numpy.typing as npt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.advantages import ADVANTAGES
+from bench.advantages import ADVANTAGES, exported_tree_advantages
 from bench.estimators import FinishedTree as ForestTree
 from bench.estimators import Query, oracle_estimator
 from bench.harness import StepConfig, Strategy, run_step
@@ -202,10 +202,7 @@ def service_tree_turns(
     baseline V̂(node) − V̂(root) = r − mean(group), each node lying on exactly one rollout. Failure
     leaves (not policy turns) and nodes without a scored leaf are left out."""
     tree = finished.tree
-    index = {node.node_id: i for i, node in enumerate(tree.nodes)}
-    parent = np.array([-1 if n.parent_id is None else index[n.parent_id] for n in tree.nodes], np.int64)
-    reward = np.array([np.nan if n.reward is None else n.reward for n in tree.nodes])
-    variant = ADVANTAGES[advantage](parent, tree_targets(parent, reward))
+    variant = exported_tree_advantages(tree, advantage)
 
     def state_of(node_id: str) -> RolloutState:
         state = finished.turns[node_id].state

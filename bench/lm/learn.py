@@ -56,6 +56,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench.advantages import ADVANTAGES, exported_tree_advantages
 from bench.learning import Arm, cost_to_reach, service_settings, success_at, wait_for_training
 from bench.lm import vocab
 from bench.lm.grpo import pad_batch, token_policy_loss
@@ -213,20 +214,27 @@ class LMAgent:
         return results
 
 
-def training_sequences(finished: FinishedTree, prompt: Prompt, *, flat: bool) -> list[TrainingSequence]:
-    """Every sampled action of a tree with its advantage: the service's tree advantage, or on a flat
-    group r − mean(group) (= V̂(node) − V̂(root): each node lies on one rollout). Failure leaves (no
-    policy turn) and nodes without a scored leaf below are left out."""
+def training_sequences(
+    finished: FinishedTree, prompt: Prompt, *, flat: bool, advantage: str = "service"
+) -> list[TrainingSequence]:
+    """Every sampled action of a tree with its advantage: the service's tree advantage (or the
+    `bench.advantages` variant named), or on a flat group r − mean(group) (= V̂(node) − V̂(root): each
+    node lies on one rollout). Failure leaves (no policy turn) and nodes without a scored leaf below are
+    left out."""
     tree = finished.tree
     if tree.value is None:
         return []
+    variant = None if advantage == "service" else exported_tree_advantages(tree, advantage)
     parent = {node.node_id: node.parent_id for node in tree.nodes}
     sequences = []
-    for node in tree.nodes:
+    for i, node in enumerate(tree.nodes):
         if node.node_id not in finished.turns or node.value is None:
             continue
-        advantage = node.value - tree.value if flat else node.advantage
-        if advantage is None:
+        if flat:
+            node_advantage: float | None = node.value - tree.value
+        else:
+            node_advantage = node.advantage if variant is None else float(variant[i])
+        if node_advantage is None:
             continue
         path: list[str] = []
         current: str | None = node.node_id
@@ -237,7 +245,9 @@ def training_sequences(finished: FinishedTree, prompt: Prompt, *, flat: bool) ->
         if not all(isinstance(turn, TurnState) for turn in turns):
             continue
         transcript = vocab.transcript(prompt.text, [(t.action, t.observation) for t in turns])  # type: ignore[union-attr]
-        sequences.append(TrainingSequence(transcript.ids, (transcript.action_spans[-1],), float(advantage)))
+        sequences.append(
+            TrainingSequence(transcript.ids, (transcript.action_spans[-1],), float(node_advantage))
+        )
     return sequences
 
 
@@ -348,13 +358,22 @@ class TokenCurve:
 
 
 def build_arms(names: Sequence[str], bare: int, expansion: float) -> list[Arm]:
+    """uniform's flat groups at R = M + ⌊M·N⌋; every other name a policy at (M, N), or
+    ``<policy>@<variant>``: that policy trained on a `bench.advantages` variant."""
     total = bare + int(bare * expansion)
-    return [
-        Arm(UNIFORM, Policy.UNIFORM, total, 0.0)
-        if name == UNIFORM
-        else Arm(name, Policy(name), bare, expansion)
-        for name in names
-    ]
+    arms = []
+    for name in names:
+        policy, _, variant = name.partition("@")
+        if name == UNIFORM:
+            arms.append(Arm(UNIFORM, Policy.UNIFORM, total, 0.0))
+        else:
+            arms.append(Arm(name, Policy(policy), bare, expansion, advantage=variant or "service"))
+    return arms
+
+
+def known_arm(name: str) -> bool:
+    policy, _, variant = name.partition("@")
+    return policy in ALL_ARMS and (not variant or (policy != UNIFORM and variant in ADVANTAGES))
 
 
 class ArmRun:
@@ -389,7 +408,9 @@ class ArmRun:
         sequences = [
             sequence
             for tree in trained
-            for sequence in training_sequences(tree, prompts[tree.prompt.prompt_id], flat=self.arm.flat)
+            for sequence in training_sequences(
+                tree, prompts[tree.prompt.prompt_id], flat=self.arm.flat, advantage=self.arm.advantage
+            )
         ]
         await asyncio.to_thread(self.policy.update, sequences)
         curve = self.curve
@@ -633,8 +654,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--arms",
         default=None,
-        help=f"comma list of {', '.join(ALL_ARMS)} (default: {','.join(DEFAULT_ARMS)}; --quick: "
-        "uniform,trace)",
+        help=f"comma list of {', '.join(ALL_ARMS)}, or <arm>@<advantage> with one of "
+        f"{', '.join(ADVANTAGES)} (default: {','.join(DEFAULT_ARMS)}; --quick: uniform,trace)",
     )
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--steps", type=int, default=32, help="uniform's policy-gradient steps")
@@ -671,7 +692,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.tasks = comma_list(args.task)
     args.arms = comma_list(args.arms or ",".join(DEFAULT_ARMS))
-    unknown = [name for name in args.tasks if name not in TASKS] + [a for a in args.arms if a not in ALL_ARMS]
+    unknown = [name for name in args.tasks if name not in TASKS] + [a for a in args.arms if not known_arm(a)]
     if unknown:
         parser.error(f"unknown tasks or arms: {unknown}")
     # Every figure is relative to uniform, which steps first: the others read its tokens.

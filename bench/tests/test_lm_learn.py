@@ -51,6 +51,8 @@ def test_training_sequences_carry_each_action_with_its_advantage() -> None:
     assert [s.advantage for s in flat] == [0.5, 0.5, -0.5]  # r − mean(group): V̂(node) − V̂(root)
     branched = training_sequences(tree, prompt, flat=False)
     assert [s.advantage for s in branched] == [0.9, 0.4, -0.7]  # the service's tree advantages
+    local = training_sequences(tree, prompt, flat=False, advantage="local")
+    assert [s.advantage for s in local] == [0.5, 0.0, -0.5]  # V̂(y) − V̂(parent), from the rewards
     second = branched[1]  # the turn after "a": its transcript replays "a" first, trains on its own action
     expected = vocab.transcript(prompt.text, [("CALL mul 2 a", "RESULT 6"), ("CALL mul 2 b", "RESULT 6")])
     assert second.ids == expected.ids
