@@ -23,7 +23,8 @@ COPY proto/trace_proto proto/trace_proto
 COPY client/trace_client client/trace_client
 COPY lab/trace_lab lab/trace_lab
 COPY service/trace_service service/trace_service
-RUN pip install "/src[service]"
+# tracing: spans go out only when the OTEL_* variables ask for them.
+RUN pip install "/src[service,tracing]"
 
 FROM ${PYTHON_IMAGE} AS runtime
 LABEL org.opencontainers.image.title="trace-rollout" \

@@ -2,7 +2,8 @@
 
 `TraceClient` (blocking) and `AsyncTraceClient` (asyncio) cover every v1 call; requests and answers
 are the `trace_proto` models, errors the `trace_client.errors` hierarchy. The base install needs only
-pydantic and httpx: nothing here imports torch, numpy or the service.
+pydantic and httpx: nothing here imports torch, numpy or the service. `instrument_tracing(client)` traces
+a client's calls into the service's traces (the `tracing` extra: OpenTelemetry).
 """
 
 from trace_client._core import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, Backoff
@@ -23,6 +24,7 @@ from trace_client.errors import (
     TraceUnavailable,
     TraceValidationError,
 )
+from trace_client.tracing import instrument_tracing
 
 __all__ = [
     "DEFAULT_MAX_RETRIES",
@@ -44,4 +46,5 @@ __all__ = [
     "TraceTimeoutError",
     "TraceUnavailable",
     "TraceValidationError",
+    "instrument_tracing",
 ]

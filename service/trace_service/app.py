@@ -11,7 +11,7 @@ import logging
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.dependencies.models import Dependant
@@ -42,6 +42,10 @@ from trace_service.runtime import PredictorRuntime, build_predictor
 from trace_service.settings import Settings
 from trace_service.store import TreeStore, connect
 from trace_service.store.embedded import embedded_redis
+from trace_service.telemetry import setup_tracing
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +78,15 @@ async def _every(
             logger.exception("%s failed", name)
 
 
-def create_app(settings: Settings | None = None, *, store: TreeStore | None = None) -> FastAPI:
-    """Build the service.  ``store`` injects a ready store (tests); otherwise the settings name one."""
+def create_app(
+    settings: Settings | None = None,
+    *,
+    store: TreeStore | None = None,
+    tracer_provider: TracerProvider | None = None,
+) -> FastAPI:
+    """Build the service.  ``store`` injects a ready store (tests); otherwise the settings name one.
+    ``tracer_provider`` traces the app to a provider of the caller's (tests, a process that sets up
+    OpenTelemetry itself); otherwise the ``OTEL_*`` variables decide (`trace_service.telemetry`)."""
     settings = settings or Settings()
     registry = CollectorRegistry()
     # What operators look for beside the service's own: process_*, python_info, python_gc_*.
@@ -86,6 +97,7 @@ def create_app(settings: Settings | None = None, *, store: TreeStore | None = No
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        tracing.start()
         embedded = None if store or settings.store_url else embedded_redis(settings.data_dir)
         store_url = await embedded.start() if embedded else settings.store_url
         tree_store = store or TreeStore(
@@ -111,7 +123,7 @@ def create_app(settings: Settings | None = None, *, store: TreeStore | None = No
             success_threshold=settings.success_threshold,
             train_steps=settings.train_steps_per_round,
         )
-        with contextlib.suppress(RedisError, OSError):
+        with contextlib.suppress(RedisError, OSError), tracing.untraced():
             await runtime.refresh(train=False)  # start from the newest published weights
         engine = build_engine(tree_store, runtime, settings, metrics, clock=app.state.clock)
         app.state.engine = engine
@@ -135,21 +147,22 @@ def create_app(settings: Settings | None = None, *, store: TreeStore | None = No
         sys.setswitchinterval(_SWITCH_INTERVAL)
         stop = asyncio.Event()
         app.state.embedded_store = embedded
-        tasks = [
-            *([asyncio.create_task(embedded.supervise(stop))] if embedded else []),
-            asyncio.create_task(
-                _every(
-                    settings.train_interval_seconds,
-                    lambda: runtime.refresh(train=settings.trainer),
-                    "predictor",
-                    stop,
-                    metrics,
-                )
-            ),
-            asyncio.create_task(
-                _every(settings.sweep_interval_seconds, engine.sweeper.sweep, "sweeper", stop, metrics)
-            ),
-        ]
+        with tracing.untraced():  # the loops' tasks keep this context: a replica's own rounds go untraced
+            tasks = [
+                *([asyncio.create_task(embedded.supervise(stop))] if embedded else []),
+                asyncio.create_task(
+                    _every(
+                        settings.train_interval_seconds,
+                        lambda: runtime.refresh(train=settings.trainer),
+                        "predictor",
+                        stop,
+                        metrics,
+                    )
+                ),
+                asyncio.create_task(
+                    _every(settings.sweep_interval_seconds, engine.sweeper.sweep, "sweeper", stop, metrics)
+                ),
+            ]
         try:
             yield
         finally:
@@ -167,6 +180,7 @@ def create_app(settings: Settings | None = None, *, store: TreeStore | None = No
             gc.unfreeze()
             gc.set_threshold(*thresholds)
             sys.setswitchinterval(switch_interval)
+            tracing.stop()
 
     app = FastAPI(
         dependencies=[Depends(reject_unknown_query)],
@@ -189,6 +203,7 @@ def create_app(settings: Settings | None = None, *, store: TreeStore | None = No
     app.add_middleware(AuthMiddleware, tokens=[token.get_secret_value() for token in settings.auth_tokens])
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(RequestContextMiddleware)
+    tracing = setup_tracing(app, tracer_provider)
     auth_required = bool(settings.auth_tokens)
     app.openapi = lambda: openapi_document(app, auth_required=auth_required)  # type: ignore[method-assign]
     return app

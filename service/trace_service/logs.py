@@ -1,5 +1,5 @@
 """The service's log lines: plain text, or one JSON object per line for log pipelines (Kubernetes,
-Loki, Elasticsearch), each with the id of the request it was logged under.
+Loki, Elasticsearch), each with the id of the request it was logged under (and, traced, its trace).
 
 `logging_config` is handed to uvicorn, so its own loggers (startup, access log) go through the same
 handler and format as the service's.
@@ -14,6 +14,7 @@ from typing import Any
 
 from trace_service.middleware import REQUEST_ID
 from trace_service.settings import LogFormat
+from trace_service.telemetry import active_span_ids
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
 
@@ -26,9 +27,15 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
+#: What every record has (and what formatters add to it): any other attribute came with ``extra=``.
+#: ``color_message`` is uvicorn's copy of its message with terminal colours.
+_RECORD_ATTRIBUTES = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime", "color_message"}
+
+
 class JsonFormatter(logging.Formatter):
-    """One JSON object per record: time (UTC, ISO 8601), level, logger, message, request_id, and the
-    traceback as `exception` when there is one."""
+    """One JSON object per record: time (UTC, ISO 8601), level, logger, message, request_id; trace_id
+    and span_id (hex) when a span is active; the fields given with ``extra=`` (a value JSON cannot hold
+    as its repr); the traceback as `exception` when there is one."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -38,11 +45,32 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
             "request_id": getattr(record, "request_id", REQUEST_ID.get()),
         }
+        # Formatted where it was logged (a StreamHandler does not hand records to another thread).
+        if (span_ids := active_span_ids()) is not None:
+            entry["trace_id"], entry["span_id"] = span_ids
+        extra = {
+            name: value
+            for name, value in vars(record).items()
+            if name not in _RECORD_ATTRIBUTES and name not in entry
+        }
+        entry.update(extra)
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         if record.stack_info:
             entry["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(entry, ensure_ascii=False, default=str)
+        try:
+            return json.dumps(entry, ensure_ascii=False, default=repr)
+        except (TypeError, ValueError):  # an extra that no repr inside it mends: non-string keys, a cycle
+            entry.update((name, _json_or_repr(value)) for name, value in extra.items())
+            return json.dumps(entry, ensure_ascii=False, default=repr)
+
+
+def _json_or_repr(value: object) -> object:
+    try:
+        json.dumps(value, default=repr)
+    except (TypeError, ValueError):
+        return repr(value)
+    return value
 
 
 def logging_config(level: str, log_format: LogFormat) -> dict[str, Any]:

@@ -9,15 +9,19 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
+import pytest
 
 from trace_lab.local import free_port, wait_for_port
 from trace_service.logs import TEXT_FORMAT, JsonFormatter, RequestIdFilter
 from trace_service.middleware import REQUEST_ID
 
 
-def record(message: str, *args: object, exc_info: bool = False) -> logging.LogRecord:
+def record(
+    message: str, *args: object, exc_info: bool = False, extra: dict[str, object] | None = None
+) -> logging.LogRecord:
     """A record as a logger makes it, stamped by the filter in the current context."""
     error = None
     if exc_info:
@@ -25,7 +29,9 @@ def record(message: str, *args: object, exc_info: bool = False) -> logging.LogRe
             raise RuntimeError("store down")
         except RuntimeError:
             error = sys.exc_info()
-    made = logging.LogRecord("trace_service.engine", logging.WARNING, __file__, 1, message, args, error)
+    made = logging.getLogger("trace_service.engine").makeRecord(
+        "trace_service.engine", logging.WARNING, __file__, 1, message, args, error, extra=extra
+    )
     assert RequestIdFilter().filter(made)
     return made
 
@@ -56,6 +62,32 @@ def test_a_traceback_stays_inside_its_one_json_line() -> None:
     entry = json.loads(line)
     assert entry["message"] == "round failed\nsecond line"
     assert "RuntimeError: store down" in entry["exception"]
+
+
+def test_the_fields_given_with_extra_are_kept_and_what_json_cannot_hold_is_its_repr() -> None:
+    extra = {
+        "tree_id": "t1",
+        "rounds": 3,
+        "budgets": [4, 2],
+        "data_dir": Path("/var/trace"),
+        "by_pair": {(1, 2): 3},
+    }
+    entry = json.loads(JsonFormatter().format(record("round placed", extra=extra)))
+    assert entry["tree_id"] == "t1" and entry["rounds"] == 3 and entry["budgets"] == [4, 2]
+    assert entry["data_dir"] == repr(Path("/var/trace"))
+    assert entry["by_pair"] == "{(1, 2): 3}"  # tuple keys: JSON has none
+    assert not {"args", "msg", "levelno", "pathname", "created"} & entry.keys()  # the record's own attributes
+
+
+def test_a_json_line_logged_inside_a_span_carries_its_trace_and_span_ids() -> None:
+    sdk = pytest.importorskip("opentelemetry.sdk.trace", reason="the tracing extra is not installed")
+    outside = json.loads(JsonFormatter().format(record("sweeper: 3 trees closed")))
+    assert "trace_id" not in outside and "span_id" not in outside
+    with sdk.TracerProvider().get_tracer(__name__).start_as_current_span("POST /v1/expand") as span:
+        entry = json.loads(JsonFormatter().format(record("tree %s failed to apply", "t1")))
+    context = span.get_span_context()
+    assert entry["trace_id"] == f"{context.trace_id:032x}"
+    assert entry["span_id"] == f"{context.span_id:016x}"
 
 
 def test_a_text_line_shows_the_request_id() -> None:

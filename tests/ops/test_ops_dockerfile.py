@@ -42,7 +42,7 @@ def test_hadolint_passes() -> None:
 def test_torch_comes_from_the_chosen_index_before_the_project() -> None:
     runs = [arguments for keyword, arguments in instructions() if keyword == "RUN"]
     torch_step = next(i for i, run in enumerate(runs) if '--index-url "${TORCH_INDEX}"' in run)
-    project_step = next(i for i, run in enumerate(runs) if "[service]" in run)
+    project_step = next(i for i, run in enumerate(runs) if "/src[service" in run)
     assert torch_step < project_step
     assert any(
         keyword == "ARG" and arguments.startswith("TORCH_INDEX=") for keyword, arguments in instructions()
