@@ -13,7 +13,20 @@ ROOT = Path(__file__).resolve().parents[2]
 #: What a trainer imports: the clients, the worker driver, the errors and every adapter.
 TRAINER_MODULES = ["trace_client", "trace_client.client", "trace_client.driver", "trace_client.errors"]
 #: opentelemetry: tracing is opt-in (`instrument_tracing`) and imports it only when called.
-FORBIDDEN = {"trace_service", "trace_lab", "numpy", "torch", "fastapi", "redis", "uvicorn", "opentelemetry"}
+FORBIDDEN = {
+    "trace_service",
+    "trace_lab",
+    "numpy",
+    "torch",
+    "fastapi",
+    "redis",
+    "uvicorn",
+    "opentelemetry",
+    # the trainer integrations import their framework; only `trace_client.integrations.<framework>` does
+    "trl",
+    "transformers",
+    "verl",
+}
 
 
 def test_the_base_install_is_pydantic_and_httpx() -> None:
