@@ -4,6 +4,11 @@ Conventions (https://prometheus.io/docs/practices/naming): the ``trace_`` prefix
 ``_total`` for counters, and labels with small bounded value sets only (never a tree, prompt, node or
 worker id). Histograms, not summaries, so that quantiles can be aggregated over replicas.
 
+The one exception to the prefix is HTTP server traffic: ``http_server_request_duration_seconds`` is the
+OpenTelemetry semantic convention's ``http.server.request.duration`` as exported to Prometheus (dots to
+underscores, unit as suffix), so that dashboards and alerts written for that convention work unchanged.
+Its ``_count`` is the number of requests.
+
 The training run is the ``training_job`` label, never ``job``: Prometheus sets ``job`` to the scrape
 job on every series, and would rename ours to ``exported_job``. Its values are bounded too: a replica
 exports at most ``MAX_TRACKED_JOBS`` jobs at a time (later ones count under ``_other``) and drops the
@@ -35,8 +40,19 @@ MAX_TRACKED_JOBS: Final = 100
 JOB_IDLE_SECONDS: Final = 3600.0
 OTHER_JOBS: Final = "_other"
 
-# Whole HTTP requests: from a sub-millisecond probe to a multi-second allocation over a large pool.
+# Whole HTTP requests: from a sub-millisecond probe to a multi-second allocation over a large pool. Kept
+# rather than the semantic convention's advised buckets (0.005 … 10 s): those start at 5 ms, and this
+# service's objective is a few milliseconds, so its fast requests would all share the first bucket. Ours
+# hold every advised bound but 75 ms, 750 ms and 7.5 s, and add 1 ms and 2.5 ms.
 HTTP_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+#: HTTP methods the semantic convention calls known (RFC 9110 and PATCH); any other is ``_OTHER``, so
+#: that a client cannot add series by inventing methods.
+HTTP_METHODS: Final = frozenset(
+    {"CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "TRACE"}
+)
+OTHER_HTTP_METHOD: Final = "_OTHER"
+#: The ``http_route`` of a request no route matched (a 404, or one refused before routing).
+UNMATCHED_ROUTE: Final = "unmatched"
 # Allocation and expansion work: the service level objective sits at a few milliseconds.
 FAST_BUCKETS: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 # One online training round of the predictor: tens of milliseconds to minutes.
@@ -47,8 +63,7 @@ PRIOR_SOURCES: Final = ("network", "history")
 
 METRIC_NAMES: Final[frozenset[str]] = frozenset(
     {
-        "trace_http_requests_total",
-        "trace_http_request_duration_seconds",
+        "http_server_request_duration_seconds",
         "trace_allocate_duration_seconds",
         "trace_allocate_prompts_total",
         "trace_expand_events_total",
@@ -81,6 +96,12 @@ METRIC_NAMES: Final[frozenset[str]] = frozenset(
 ``_bucket``/``_count``/``_sum`` suffixes."""
 
 
+def http_method_label(method: str) -> str:
+    """The ``http_request_method`` value: the method when known (case-sensitive, as the semantic
+    convention asks), else ``_OTHER``."""
+    return method if method in HTTP_METHODS else OTHER_HTTP_METHOD
+
+
 def _gauge_value(figure: float | None) -> float:
     """An undefined figure is exported as NaN: 0 would read as a perfect Brier score or calibration."""
     return math.nan if figure is None else figure
@@ -106,16 +127,11 @@ class Metrics:
         self._clock = clock
         self._last_seen: dict[str, float] = {}  # tracked jobs, least recently seen first
 
-        self.http_requests = Counter(
-            "trace_http_requests_total",
-            "HTTP requests answered, by route template, method and status code.",
-            ["route", "method", "status"],
-            registry=registry,
-        )
         self.http_duration = Histogram(
-            "trace_http_request_duration_seconds",
-            "Time from receiving an HTTP request to sending its response, by route template and method.",
-            ["route", "method"],
+            "http_server_request_duration_seconds",
+            "Duration of HTTP server requests, by method, route template and response status code.",
+            ["http_request_method", "http_route", "http_response_status_code"],
+            unit="seconds",
             buckets=HTTP_BUCKETS,
             registry=registry,
         )

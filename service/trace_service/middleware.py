@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trace_proto import PROBLEM_MEDIA_TYPE, ErrorResponse
 from trace_proto.v1 import paths
-from trace_service.metrics import Metrics
+from trace_service.metrics import UNMATCHED_ROUTE, Metrics, http_method_label
 
 REQUEST_ID: ContextVar[str] = ContextVar("request_id", default="-")
 
@@ -153,7 +153,7 @@ class _BodyTooLarge(Exception):
 
 
 class MetricsMiddleware:
-    """Count requests and time them by route template (not raw path: tree ids would explode labels)."""
+    """Time requests by route template (not raw path: tree ids would explode labels), method and status."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
@@ -175,8 +175,8 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, recording_send)
         finally:
-            route = scope.get("route")
-            template = getattr(route, "path", "unmatched")
-            method = scope["method"]
-            self.metrics.http_requests.labels(template, method, str(status)).inc()
-            self.metrics.http_duration.labels(template, method).observe(time.perf_counter() - start)
+            self.metrics.http_duration.labels(
+                http_request_method=http_method_label(scope["method"]),
+                http_route=getattr(scope.get("route"), "path", UNMATCHED_ROUTE),
+                http_response_status_code=str(status),
+            ).observe(time.perf_counter() - start)

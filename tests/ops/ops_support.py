@@ -25,7 +25,9 @@ DASHBOARD_PATH = DEPLOY / "grafana" / "trace-rollout.json"
 
 Manifest = dict[str, Any]
 
-_METRIC_IDENTIFIER = re.compile(r"(?<![A-Za-z0-9_:])trace_[A-Za-z0-9_:]*")
+#: A metric name of the service: ``trace_…``, or the semantic convention's ``http_server_…``.
+METRIC_NAME_PATTERN = r"(?:trace|http_server)_[A-Za-z0-9_:]*"
+_METRIC_IDENTIFIER = re.compile(rf"(?<![A-Za-z0-9_:]){METRIC_NAME_PATTERN}")
 _HISTOGRAM_SERIES_SUFFIX = re.compile(r"_(bucket|count|sum)$")
 
 
@@ -69,7 +71,7 @@ def registered_metric_names() -> set[str]:
 
 
 def metric_names_in(expression: str) -> set[str]:
-    """``trace_…`` metric names used in a PromQL expression, histogram series suffixes removed."""
+    """The service's metric names used in a PromQL expression, histogram series suffixes removed."""
     return {
         _HISTOGRAM_SERIES_SUFFIX.sub("", identifier) for identifier in _METRIC_IDENTIFIER.findall(expression)
     }

@@ -61,7 +61,7 @@ def test_metrics_path_serves_every_metric(service: ThreadedService) -> None:
 
 
 def test_requests_are_labelled_by_route_template(service: ThreadedService) -> None:
-    """The latency alert selects route="/v1/expand"; the dashboard's job filter needs the job label."""
+    """The latency alert selects http_route="/v1/expand"; the dashboard's job filter needs the job label."""
     post(f"{service.url}/v1/expand", {"events": []})
     allocation = {
         "job": "ops-check",
@@ -75,7 +75,49 @@ def test_requests_are_labelled_by_route_template(service: ThreadedService) -> No
         for family in text_string_to_metric_families(get(f"{service.url}/metrics")[1])
         for sample in family.samples
     ]
-    routes = {s.labels.get("route") for s in samples if s.name == "trace_http_requests_total"}
+    routes = {
+        s.labels.get("http_route") for s in samples if s.name == "http_server_request_duration_seconds_count"
+    }
     assert {"/v1/expand", "/v1/allocate"} <= routes
     jobs = {s.labels.get("training_job") for s in samples if s.name == "trace_allocate_prompts_total"}
     assert "ops-check" in jobs
+
+
+def request_counts(service: ThreadedService) -> dict[tuple[str, str, str], float]:
+    """Requests answered so far, by (method, route, status code) as the HTTP histogram labels them."""
+    return {
+        (
+            s.labels["http_request_method"],
+            s.labels["http_route"],
+            s.labels["http_response_status_code"],
+        ): s.value
+        for family in text_string_to_metric_families(get(f"{service.url}/metrics")[1])
+        for s in family.samples
+        if s.name == "http_server_request_duration_seconds_count"
+    }
+
+
+def call(url: str, method: str) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=10) as response:
+            status: int = response.status
+            return status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_request_labels_stay_bounded(service: ThreadedService) -> None:
+    """Route templates, not paths; methods outside the semantic convention's list are ``_OTHER``; a path
+    no route matches is ``unmatched``."""
+    before = request_counts(service)
+    assert get(f"{service.url}/v1/trees/no-such-tree")[0] == 404
+    assert call(f"{service.url}/v1/expand", "PROPFIND") == 405
+    assert get(f"{service.url}/no/such/path")[0] == 404
+    after = request_counts(service)
+    for key in (
+        ("GET", "/v1/trees/{tree_id}", "404"),
+        ("_OTHER", "/v1/expand", "405"),
+        ("GET", "unmatched", "404"),
+    ):
+        assert after.get(key, 0) - before.get(key, 0) == 1, key
+    assert not any("no-such" in route or method == "PROPFIND" for method, route, _ in after)

@@ -9,10 +9,12 @@ from ops_support import exported_metric_names
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from trace_service.metrics import METRIC_NAMES, Metrics
+from trace_service.metrics import METRIC_NAMES, OTHER_HTTP_METHOD, Metrics, http_method_label
 
 # Identifiers with unbounded value sets would make one series per tree, prompt or worker.
 UNBOUNDED_LABELS = {"tree_id", "prompt_id", "node_id", "instruction_id", "event_id", "worker_id", "path"}
+#: Named by the OpenTelemetry semantic conventions rather than with the ``trace_`` prefix.
+SEMCONV_NAMES = {"http_server_request_duration_seconds"}
 
 
 def sample_values(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -51,7 +53,7 @@ def test_metric_names_lists_exactly_the_registered_metrics() -> None:
 def test_names_follow_prometheus_conventions() -> None:
     registry = Metrics(CollectorRegistry()).registry
     for family in registry.collect():
-        assert family.name.startswith("trace_"), family.name
+        assert family.name.startswith("trace_") or family.name in SEMCONV_NAMES, family.name
         assert family.documentation.endswith("."), f"{family.name} needs a help text"
         if family.type == "counter":
             # prometheus-client strips `_total` from a counter's family name and adds it to the sample.
@@ -68,7 +70,7 @@ def test_no_label_has_an_unbounded_value_set() -> None:
         for name, collector in vars(metrics).items()
         if hasattr(collector, "_labelnames")
     }
-    assert label_names["http_requests"] == {"route", "method", "status"}
+    assert label_names["http_duration"] == {"http_request_method", "http_route", "http_response_status_code"}
     for name, labels in label_names.items():
         assert not labels & UNBOUNDED_LABELS, name
 
@@ -96,13 +98,31 @@ def test_predictor_figures_are_nan_until_defined() -> None:
 def test_histograms_count_observations_in_seconds() -> None:
     metrics = Metrics(CollectorRegistry())
     metrics.expand_duration.observe(0.003)
-    metrics.http_duration.labels("/v1/expand", "POST").observe(0.004)
+    metrics.http_duration.labels("POST", "/v1/expand", "200").observe(0.004)
     values = sample_values(metrics.registry)
     assert values[("trace_expand_batch_duration_seconds_bucket", (("le", "0.0025"),))] == 0
     assert values[("trace_expand_batch_duration_seconds_bucket", (("le", "0.005"),))] == 1
     assert values[("trace_expand_batch_duration_seconds_sum", ())] == pytest.approx(0.003)
-    route = (("method", "POST"), ("route", "/v1/expand"))
-    assert values[("trace_http_request_duration_seconds_count", route)] == 1
+    request = (
+        ("http_request_method", "POST"),
+        ("http_response_status_code", "200"),
+        ("http_route", "/v1/expand"),
+    )
+    assert values[("http_server_request_duration_seconds_count", request)] == 1
+
+
+def test_unknown_http_methods_share_one_label_value() -> None:
+    """The semantic convention's known methods are kept, exactly as spelled; any other is ``_OTHER``."""
+    for method in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"):
+        assert http_method_label(method) == method
+    for method in ("PROPFIND", "get", "Post", "", "X" * 1000):
+        assert http_method_label(method) == OTHER_HTTP_METHOD == "_OTHER"
+
+
+def test_the_http_histogram_declares_its_unit() -> None:
+    """The unit goes out with the family (OpenMetrics' ``# UNIT``), as an OpenTelemetry exporter sends it."""
+    families = {family.name: family for family in Metrics(CollectorRegistry()).registry.collect()}
+    assert families["http_server_request_duration_seconds"].unit == "seconds"
 
 
 def test_counters_refuse_negative_increments() -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from ops_support import (
+    METRIC_NAME_PATTERN,
     REPO_ROOT,
     alert_rules,
     dashboard_expressions,
@@ -39,7 +40,7 @@ RUNBOOK_URL = "https://github.com/trace-rollout/trace-rollout/blob/main/docs/run
 SCOPE_FILTERS = {"cluster": ("=~", "$cluster"), "namespace": ("=~", "$namespace")}
 JOB_FILTER = ("=~", "$training_job")
 
-_SELECTOR = re.compile(r"(?<![A-Za-z0-9_:])(trace_[A-Za-z0-9_:]*)\s*(?:\{([^}]*)\})?")
+_SELECTOR = re.compile(rf"(?<![A-Za-z0-9_:])({METRIC_NAME_PATTERN})\s*(?:\{{([^}}]*)\}})?")
 _MATCHER = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')
 _AGGREGATION = re.compile(
     r"\b(sum|min|max|avg|count|group|stddev|stdvar|topk|bottomk|quantile|count_values)\s*"
@@ -48,7 +49,8 @@ _AGGREGATION = re.compile(
 
 
 def metric_selectors(expression: str) -> list[tuple[str, dict[str, tuple[str, str]]]]:
-    """Every ``trace_…`` selector of a PromQL expression, with its label matchers by label."""
+    """Every selector of one of the service's metrics in a PromQL expression, with its label matchers
+    by label."""
     return [
         (name, {label: (operator, value) for label, operator, value in _MATCHER.findall(matchers or "")})
         for name, matchers in _SELECTOR.findall(expression)
@@ -107,8 +109,13 @@ def test_metric_name_extraction_strips_histogram_suffixes() -> None:
     expression = (
         'histogram_quantile(0.99, sum by (le) (rate(trace_stage2_duration_seconds_bucket{le!=""}[5m])))'
         " / on() trace_store_up"
+        " + sum by (http_route) (rate(http_server_request_duration_seconds_count[5m]))"
     )
-    assert metric_names_in(expression) == {"trace_stage2_duration_seconds", "trace_store_up"}
+    assert metric_names_in(expression) == {
+        "trace_stage2_duration_seconds",
+        "trace_store_up",
+        "http_server_request_duration_seconds",
+    }
 
 
 def test_dashboard_queries_use_only_exported_metrics(dashboard: dict[str, Any]) -> None:
@@ -199,11 +206,13 @@ def test_selector_parsing() -> None:
     expression = (
         'sum(rate(trace_a_total{namespace=~"$namespace", status=~"5.."}[5m])) / sum(rate(trace_a_total[5m]))'
         " and max by (namespace, le) (trace_b)"
+        ' or http_server_c_count{http_route="/v1/expand"}'
     )
     assert metric_selectors(expression) == [
         ("trace_a_total", {"namespace": ("=~", "$namespace"), "status": ("=~", "5..")}),
         ("trace_a_total", {}),
         ("trace_b", {}),
+        ("http_server_c_count", {"http_route": ("=", "/v1/expand")}),
     ]
     assert aggregations(expression) == [
         ("sum", None, []),
@@ -302,8 +311,7 @@ def test_alerts_fire_when_they_should(rule_file: Path) -> None:
 def populate(metrics: Metrics) -> None:
     """One sample of every series the dashboard asks for, as a running service would produce."""
     for route, status in (("/v1/allocate", 200), ("/v1/expand", 200), ("/v1/expand", 500)):
-        metrics.http_requests.labels(route, "POST", str(status)).inc()
-        metrics.http_duration.labels(route, "POST").observe(0.004)
+        metrics.http_duration.labels("POST", route, str(status)).observe(0.004)
     metrics.allocate_duration.labels("trace").observe(0.002)
     for decision in ("active", "skipped"):
         metrics.allocate_prompts.labels("run-a", decision).inc(4)
