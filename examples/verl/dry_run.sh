@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The verl side of a TRACE training step on a CPU, end to end: starts a trace-rollout service (embedded
-# store) on a free port, runs verl's agent-loop workers, TransferQueue, replay buffer and advantage step
-# with the simulator generating the turns, and stops the service. Extra arguments go to the dry run
-# (--steps, --pool, --budget, --expansion, --seed).
+# store) on a free port, runs verl's agent-loop workers, TransferQueue, replay buffer, advantage step and
+# step metrics with the simulator generating the turns, and stops the service. Extra arguments go to the
+# dry run (--steps, --pool, --budget, --expansion, --seed).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PATH="$PWD/.venv/bin:$PATH"

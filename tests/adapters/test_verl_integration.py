@@ -1,11 +1,14 @@
 """`trace_client.integrations.verl` against the installed verl 0.9.1: its estimator registry and advantage
-code, its agent-loop output, its Hydra config, its agent-loop base class and, in the dry run, its
-TransferQueue workers, replay buffer and trainer advantage step."""
+code, its agent-loop output, its reward metrics, its Hydra config, its agent-loop base class and, in the
+dry run, its TransferQueue workers, replay buffer, trainer advantage step and step metrics."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -19,22 +22,24 @@ from transformers import AutoTokenizer
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap
 from verl.protocol import DataProto
 from verl.trainer.ppo import core_algos
+from verl.trainer.ppo.metric_utils import compute_data_metrics
 from verl.trainer.ppo.ray_trainer import compute_advantage
 from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 from verl.utils import tensordict_utils as tu
 from verl.utils.config import validate_config
 from verl.utils.dataset.rl_dataset import RLHFDataset
-from verl.utils.import_utils import load_class_from_fqn
+from verl.utils.import_utils import load_class_from_fqn, load_extern_object
 from verl.workers.rollout.replica import TokenOutput
 
 from trace_client import TraceClient
 from trace_client.driver import History, TurnResult, TurnTokens
 from trace_client.integrations import verl as integration
 from trace_client.integrations.verl import dry_run
+from trace_client.integrations.verl import replay_buffer as trace_replay_buffer
 from trace_lab.local import ThreadedService
 from trace_lab.sim import SimConfig, SimWorkload
-from trace_proto import PromptIn
+from trace_proto import PredictorInfo, PromptIn, TreeResponse
 
 # n0 ─┬─ n1 (leaf 1.0)      n3 ── n4 (leaf 0.0)
 #     └─ n2 (leaf 0.0, a continuation branched from n0)
@@ -51,8 +56,14 @@ TOKENS = {
 
 
 def tree_sessions(response_length: int = 64) -> list[list[integration.TraceAgentLoopOutput]]:
-    tree = finished_tree(PARENTS, REWARDS, advantages=ADVANTAGES, tokens=TOKENS)
-    return integration.session_outputs(tree, [1, 2], response_length)
+    finished = finished_tree(PARENTS, REWARDS, advantages=ADVANTAGES, tokens=TOKENS)
+    # n2 is the continuation: an instruction of the service started it
+    nodes = [
+        node.model_copy(update={"instruction_id": "i2"}) if node.node_id == "n2" else node
+        for node in finished.tree.nodes
+    ]
+    finished = dataclasses.replace(finished, tree=finished.tree.model_copy(update={"nodes": nodes}))
+    return integration.session_outputs(finished, [1, 2], response_length, weights_versions=(4, 5))
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +91,11 @@ def idle_settings() -> Any:
 # --- the estimator ---------------------------------------------------------------------------------------
 
 
-def padded(sessions: list[list[integration.TraceAgentLoopOutput]]) -> tuple[DataProto, list[str]]:
-    """The outputs as the batch verl's `_compute_advantage` builds from TransferQueue, with its keys."""
+def padded(
+    sessions: list[list[integration.TraceAgentLoopOutput]],
+) -> tuple[DataProto, dict[str, torch.Tensor]]:
+    """The outputs as the batch verl's `_compute_advantage` builds from TransferQueue (each row's uid its
+    key, as `TraceReplayBuffer` names it), and what TransferQueue holds per key in `trace_advantages`."""
     rows = [output.as_dict() for session in sessions for output in session]
     keys = [f"u_{s}_{k}" for s, session in enumerate(sessions) for k in range(len(session))]
     width = max(len(row["rm_scores"]) for row in rows)
@@ -89,17 +103,42 @@ def padded(sessions: list[list[integration.TraceAgentLoopOutput]]) -> tuple[Data
     def pad(name: str) -> torch.Tensor:
         return torch.stack([torch.nn.functional.pad(row[name], (0, width - len(row[name]))) for row in rows])
 
+    scores = pad("rm_scores")
     data = DataProto.from_dict(
-        tensors={"token_level_rewards": pad("rm_scores"), "response_mask": pad("response_mask")},
-        non_tensors={"uid": np.array(["u"] * len(rows), dtype=object)},
+        tensors={
+            "token_level_scores": scores,
+            "token_level_rewards": scores,
+            "response_mask": pad("response_mask"),
+            "responses": pad("responses"),
+            "prompts": torch.stack([row["prompts"] for row in rows]),
+            "prompt_length": torch.tensor([float(len(row["prompts"])) for row in rows]),
+            "response_length": torch.tensor([float(len(row["responses"])) for row in rows]),
+        },
+        non_tensors={"uid": np.array(keys, dtype=object)},
     )
-    return data, keys
+    return data, {key: row[integration.ADVANTAGES_FIELD] for key, row in zip(keys, rows, strict=True)}
 
 
-def test_the_trace_estimator_passes_the_tree_advantages_through_verls_advantage_code() -> None:
+@pytest.fixture
+def stored_advantages(monkeypatch: pytest.MonkeyPatch) -> dict[str, torch.Tensor]:
+    """Stands in for TransferQueue's `trace_advantages` column: key -> the path's advantages."""
+    store: dict[str, torch.Tensor] = {}
+
+    def lookup(keys: Sequence[str]) -> list[torch.Tensor]:
+        return [store[key] for key in keys]
+
+    monkeypatch.setattr(integration, "path_advantages", lookup)
+    return store
+
+
+def test_the_trace_estimator_returns_the_tree_advantages_through_verls_advantage_code(
+    stored_advantages: dict[str, torch.Tensor],
+) -> None:
     assert core_algos.get_adv_estimator_fn(integration.TRACE) is integration.trace_advantages
     integration.register_trace_estimator()  # a second registration is a no-op, not verl's ValueError
-    data, keys = padded(tree_sessions())
+    data, stored = padded(tree_sessions())
+    stored_advantages.update(stored)
+    keys = list(data.non_tensor_batch["uid"])
     expected = [[0.5, 0.5, 0.0, 0.25], [0.0, 0.0, 0.0, -0.75, -0.75], [-0.5, -0.5, -0.125]]
     for computed in (
         compute_advantage(data, adv_estimator=integration.TRACE),
@@ -112,8 +151,23 @@ def test_the_trace_estimator_passes_the_tree_advantages_through_verls_advantage_
         assert rows == expected
         assert torch.equal(computed.batch["returns"], computed.batch["advantages"])
     # GRPO, verl's default, would have thrown the tree's credit away: one number per path
+    data.non_tensor_batch["uid"] = np.array(["u"] * len(keys), dtype=object)
     grpo = compute_advantage(data, adv_estimator=core_algos.AdvantageEstimator.GRPO).batch["advantages"]
     assert len({value for value in grpo[0].tolist() if value}) == 1
+
+
+def test_the_estimator_looks_up_only_rows_on_the_loss(stored_advantages: dict[str, torch.Tensor]) -> None:
+    rewards = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+    mask = torch.tensor([[0, 0, 0], [1, 1, 0]])
+    stored_advantages["u_0_0"] = torch.tensor([0.5, -0.5, 0.25])
+    # verl's padding rows have no loss token, and a uid of verl's own, not a key: no look-up
+    advantages, _ = integration.trace_advantages(rewards, mask, index=np.array(["pad1", "u_0_0"]))
+    assert advantages.tolist() == [[0.0, 0.0, 0.0], [0.5, -0.5, 0.0]]  # the rewards play no part
+
+
+def test_rows_not_named_by_the_trace_sampler_are_an_error_that_names_it() -> None:
+    with pytest.raises(ValueError, match="TraceReplayBuffer"):
+        integration.path_advantages([str(uuid.uuid4())])  # verl's own uid: the sampler did not run
 
 
 # --- the agent-loop outputs ------------------------------------------------------------------------------
@@ -123,14 +177,43 @@ def test_each_session_returns_the_paths_of_its_bare_rollout_with_continuations_a
     first, second = tree_sessions()
     assert [output.extra_fields["trace_leaf_id"] for output in first] == ["n1", "n2"]
     assert [output.extra_fields["trace_leaf_id"] for output in second] == ["n4"]
-    as_dict = first[1].as_dict()  # verl's own conversion, with rm_scores replaced
+    assert [output.extra_fields["trace_continuation"] for output in [*first, *second]] == [False, True, False]
+    assert all(output.extra_fields["trace_tree_mixed"] for output in [*first, *second])
+    # verl's step metrics need the weights versions on every trajectory's tags
+    assert (first[1].extra_fields["min_global_steps"], first[1].extra_fields["max_global_steps"]) == (4, 5)
+    as_dict = first[1].as_dict()  # verl's own conversion, plus the advantages
     assert as_dict["responses"].tolist() == [10, 11, 12, 14, 15]
     assert as_dict["response_mask"].tolist() == [0, 0, 0, 1, 1]  # the shared prefix trains on path 1
-    assert as_dict["rm_scores"].tolist() == [0.0, 0.0, 0.0, -0.75, -0.75]
+    assert as_dict["trace_advantages"].tolist() == [0.0, 0.0, 0.0, -0.75, -0.75]
     assert as_dict["extra_fields"]["trace_reward"] == 0.0
+    # the reward at the last token, as verl's own agent loops write it
+    assert first[0].as_dict()["rm_scores"].tolist() == [0.0, 0.0, 0.0, 1.0]
+    assert as_dict["rm_scores"].tolist() == [0.0] * 5
     # what verl's TransferQueue worker stores: a jagged batch of the session's outputs
     stored = tu.list_of_dict_to_tensordict([output.as_dict() for output in first])
     assert stored["rm_scores"].offsets().diff().tolist() == [4, 5]
+    assert stored["trace_advantages"].offsets().diff().tolist() == [4, 5]
+
+
+def test_each_path_keeps_its_own_reward_where_verl_copies_the_sessions_last(
+    stored_advantages: dict[str, torch.Tensor],
+) -> None:
+    first, second = tree_sessions()
+    # what `_agent_loop_postprocess` does to a session's outputs before it stores them
+    for output in first[:-1]:
+        output.reward_score = first[-1].reward_score
+    data, stored = padded([first, second])
+    assert [row.sum().item() for row in data.batch["token_level_scores"]] == [1.0, 0.0, 0.0]
+    stored_advantages.update(stored)
+    data = compute_advantage(data, adv_estimator=integration.TRACE)
+    data.non_tensor_batch["__num_turns__"] = np.ones(len(data), dtype=np.int32)
+    # verl's reward panels: the leaf rewards (1, 0, 0), not the advantages' sums (1.25, -1.5, -1.125)
+    panels = compute_data_metrics(batch=data, use_critic=False)
+    for name in ("score", "rewards"):
+        assert panels[f"critic/{name}/mean"] == pytest.approx(1 / 3)
+        assert (panels[f"critic/{name}/max"], panels[f"critic/{name}/min"]) == (1.0, 0.0)
+    assert panels["critic/advantages/max"] == pytest.approx(0.5)
+    assert panels["critic/advantages/min"] == pytest.approx(-0.75)
 
 
 def test_a_path_longer_than_the_response_length_is_cut_to_it() -> None:
@@ -140,6 +223,73 @@ def test_a_path_longer_than_the_response_length_is_cut_to_it() -> None:
     assert len(cut.response_mask) == len(cut.token_advantages) == 4
     assert cut.extra_fields["trace_truncated"] == 1
     assert first[0].extra_fields["trace_truncated"] == 0
+    assert cut.as_dict()["rm_scores"].tolist() == [0.0, 0.0, 0.0, cut.path_reward]
+
+
+# --- the step's trace/ figures ----------------------------------------------------------------------------
+
+
+def test_the_trained_figures_count_trees_mixed_trees_and_paths() -> None:
+    first, second = tree_sessions(response_length=4)
+    fields = [output.extra_fields for output in [*first, *second]]
+    unmixed = {**fields[0], "trace_tree_id": "t2", "trace_tree_mixed": False}
+    not_trace: dict[str, Any] = {"reward_extra_info": {}}  # a row of another agent loop is not counted
+    assert trace_replay_buffer.trained_figures([*fields, unmixed, not_trace]) == {
+        "trace/trees": 2,
+        "trace/mixed_trees": 1,
+        "trace/effective_ratio": 0.5,
+        "trace/paths": 4,
+        "trace/bare_rollouts": 3,
+        "trace/continuations": 1,
+        "trace/truncated_paths": 1,
+    }
+    assert "trace/effective_ratio" not in trace_replay_buffer.trained_figures([])
+
+
+def allocation_figures(prompts: int, skipped: int, version: int, brier: float | None = None) -> Any:
+    predictor = PredictorInfo(version=version, examples_seen=10 * version, brier=brier, device="cpu")
+    return trace_replay_buffer.AllocationFigures(
+        prompts=prompts,
+        skipped_prompts=skipped,
+        bare_rollouts=2 * (prompts - skipped),
+        continuations_promised=prompts - skipped,
+        expected_mixed=0.5,
+        predictor_version=version,
+        predictor=predictor,
+    )
+
+
+def test_a_step_keeps_its_allocation_figures_until_the_replay_buffer_takes_them() -> None:
+    board = trace_replay_buffer._AllocationBoard()
+    board.publish(1, allocation_figures(8, 2, version=1))
+    board.publish(2, allocation_figures(8, 4, version=2))
+    board.publish(2, allocation_figures(1, 0, version=3, brier=0.2))  # a refill in the same step
+    taken = board.take(2)
+    assert taken is not None and board.take(1) is None  # an earlier step's figures went with it
+    assert board.take(2) is None  # once
+    metrics = taken.metrics()
+    assert {name: metrics[name] for name in ("trace/prompts", "trace/skipped_prompts")} == {
+        "trace/prompts": 9,
+        "trace/skipped_prompts": 4,
+    }
+    assert (metrics["trace/bare_rollouts_promised"], metrics["trace/expected_mixed"]) == (10, 1.0)
+    assert (metrics["trace/predictor/version"], metrics["trace/predictor/brier"]) == (3, 0.2)
+    # quality figures not measured yet are left out: verl's logger takes numbers only
+    assert "trace/predictor/ece" not in metrics
+    assert set(metrics) <= set(integration.TRACE_METRICS)
+
+
+def test_a_predictor_the_service_cannot_describe_costs_the_figures_not_the_step(
+    verl_config: DictConfig,
+) -> None:
+    # the manager's method on what it reads of the manager (the real one starts verl's workers)
+    with TraceClient("http://127.0.0.1:1", max_retries=0) as client:
+        manager: Any = SimpleNamespace(config=verl_config, trace_client=client)
+        assert integration.TraceAgentLoopManager.predictor_info(manager) is None
+    quiet: Any = SimpleNamespace(
+        config=compose_config("http://127.0.0.1:1", "++trace.predictor_metrics=false")
+    )
+    assert integration.TraceAgentLoopManager.predictor_info(quiet) is None  # no call made: no client needed
 
 
 # --- configuration ---------------------------------------------------------------------------------------
@@ -151,6 +301,9 @@ def test_the_overrides_compose_with_verls_own_trainer_config(verl_config: DictCo
     manager = verl_config.actor_rollout_ref.rollout.agent.agent_loop_manager_class
     assert manager == "trace_client.integrations.verl.TraceAgentLoopManager"
     assert Path(verl_config.actor_rollout_ref.rollout.agent.agent_loop_config_path).is_file()
+    # how verl's trainer loads a custom sampler (`load_extern_type`, an alias of this)
+    sampler = verl_config.trainer.v1.sampler.custom_sampler
+    assert load_extern_object(sampler.path, sampler.name) is integration.TraceReplayBuffer
     settings = integration.TraceSettings.from_config(verl_config)
     assert (settings.url, settings.expansion) == ("http://127.0.0.1:1", 1.0)
     assert (
@@ -196,6 +349,7 @@ def test_the_example_recipe_is_verls_config_with_trace_switched_on(byte_model: P
     for key in (
         "trainer.use_v1",
         "trainer.v1.trainer_mode",
+        "trainer.v1.sampler.custom_sampler",
         "algorithm.adv_estimator",
         "algorithm.use_kl_in_reward",
         "actor_rollout_ref.rollout.agent.agent_loop_manager_class",
@@ -242,6 +396,12 @@ def test_a_batch_gets_per_prompt_rollout_counts_from_the_allocation(verl_config:
     assert allocation.prompt_ids == [f"sim:{p.prompt_id}" for p in [*prompts, prompts[0]]]
     ticket = next(t for t in allocation.tickets if t is not None)
     assert integration.TreeTicket.loads(ticket.dumps()) == ticket
+    figures = trace_replay_buffer.AllocationFigures.of(allocation.response).metrics()
+    assert figures["trace/prompts"] == len(prompts)  # distinct prompts: the repeated row is one
+    assert figures["trace/skipped_prompts"] == len(prompts) - len(trees)
+    assert figures["trace/bare_rollouts_promised"] == 8
+    assert figures["trace/continuations_promised"] == sum(tree.expansion_budget for tree in trees.values())
+    assert figures["trace/predictor/version"] == allocation.response.predictor_version
 
 
 # --- the default turn and reward --------------------------------------------------------------------------
@@ -296,6 +456,17 @@ async def test_the_default_turn_is_a_chunk_of_tokens_until_the_end_of_sequence(
     assert server.requests[1]["prompt_ids"] == [*loop.prompt_ids, 40, 41, 42]  # continues after turn 1
 
 
+async def test_a_prompt_longer_than_the_prompt_length_keeps_its_last_tokens(byte_model: Path) -> None:
+    messages = [{"role": "user", "content": "filler " * 8 + "What is 6 times 7?"}]
+    whole = agent_loop(byte_model, ScriptedServer([]))
+    whole.row = {"raw_prompt": messages}
+    full = await whole.build_prompt_ids()
+    capped = agent_loop(byte_model, ScriptedServer([]), "actor_rollout_ref.rollout.prompt_length=16")
+    capped.row = {"raw_prompt": messages}
+    # verl's tokenization path left-truncates, as for its own agent loops
+    assert len(full) > 16 and await capped.build_prompt_ids() == full[-16:]
+
+
 async def test_a_rollout_ends_when_the_response_length_is_used(byte_model: Path) -> None:
     server = ScriptedServer([[50, 51, 52], [53, 54]])
     loop = agent_loop(
@@ -330,17 +501,31 @@ async def test_the_default_reward_is_verls_rule_based_score(byte_model: Path) ->
     assert await loop.score(prompt.then(TurnResult(text="#### 42", done=True))) == 1.0  # text only
 
 
-# --- the dry run: verl's workers, TransferQueue, replay buffer and advantage step -------------------------
+# --- the dry run: verl's workers, TransferQueue, replay buffer, advantage step and step metrics ---------
 
 
-@pytest.mark.slow
-def test_a_dry_run_step_trains_on_every_path_with_the_tree_advantages() -> None:
+@dataclasses.dataclass(frozen=True)
+class DryRunStep:
+    report: dry_run.StepReport
+    trees: dict[str, TreeResponse]  # the service's trees of the step's trained paths, by tree id
+    predictor_version: int
+
+
+@pytest.fixture(scope="module")
+def dry_run_step() -> DryRunStep:
     with ThreadedService.from_settings(idle_settings()) as live:
         options = dry_run.DryRunOptions(url=live.url, pool=12, budget=12, expansion=1.0, prompts=48, seed=4)
         with dry_run.dry_run(options) as run:
             report = run.step(1)
         with TraceClient(live.url) as client:
             trees = {f["trace_tree_id"]: client.get_tree(f["trace_tree_id"]) for f in report.fields}
+            version = client.predictor_info().version
+    return DryRunStep(report, trees, version)
+
+
+@pytest.mark.slow
+def test_a_dry_run_step_trains_on_every_path_with_the_tree_advantages(dry_run_step: DryRunStep) -> None:
+    report, trees = dry_run_step.report, dry_run_step.trees
     sessions = dry_run.sessions_per_uid(report.keys)
     assert sum(report.rollout_n.values()) == 12
     assert any(n == 0 for n in report.rollout_n.values()), "the budget covered every prompt: no choice made"
@@ -354,7 +539,7 @@ def test_a_dry_run_step_trains_on_every_path_with_the_tree_advantages() -> None:
         nodes = {node.node_id: node for node in tree.nodes}
         leaf = nodes[fields["trace_leaf_id"]]
         assert leaf.reward == fields["trace_reward"]
-        assert advantages == pytest.approx(scores)  # the estimator passed them through
+        assert scores[-1] == pytest.approx(leaf.reward) and not any(scores[:-1])  # the reward, at the end
         path_values = set()
         node = leaf
         while True:
@@ -366,3 +551,55 @@ def test_a_dry_run_step_trains_on_every_path_with_the_tree_advantages() -> None:
         assert all(any(abs(t - v) < 1e-6 for v in path_values) for t in trained), "not this path's credit"
         leaves += 1
     assert leaves == sum(sum(n.reward is not None for n in tree.nodes) for tree in trees.values())
+
+
+@pytest.mark.slow
+def test_a_dry_run_steps_reward_panels_chart_the_leaf_rewards(dry_run_step: DryRunStep) -> None:
+    report = dry_run_step.report
+    rewards = [float(fields["trace_reward"]) for fields in report.fields]
+    for name in ("score", "rewards"):  # computed by the trainer's own `_compute_metrics`
+        assert report.metrics[f"critic/{name}/mean"] == pytest.approx(sum(rewards) / len(rewards))
+        assert report.metrics[f"critic/{name}/max"] == pytest.approx(max(rewards))
+        assert report.metrics[f"critic/{name}/min"] == pytest.approx(min(rewards))
+    on_loss = [
+        value
+        for row, mask in zip(report.advantages, report.loss_masks, strict=True)
+        for value, bit in zip(row, mask, strict=True)
+        if bit
+    ]
+    assert report.metrics["critic/advantages/max"] == pytest.approx(max(on_loss))
+    assert report.metrics["critic/advantages/min"] == pytest.approx(min(on_loss))
+
+
+@pytest.mark.slow
+def test_a_dry_run_steps_metrics_hold_the_trace_figures_of_its_trees(dry_run_step: DryRunStep) -> None:
+    report, trees = dry_run_step.report, dry_run_step.trees
+    metrics = report.metrics  # what verl's `Tracking` logger would be handed for the step
+    mixed = sum(tree.mixed for tree in trees.values())
+    continuations = sum(
+        fields["trace_leaf_id"] in integration.continuation_leaves(trees[fields["trace_tree_id"]])
+        for fields in report.fields
+    )
+    expected = {
+        "trace/prompts": len(report.rollout_n),
+        "trace/skipped_prompts": sum(n == 0 for n in report.rollout_n.values()),
+        "trace/bare_rollouts_promised": sum(tree.rollouts for tree in trees.values()),
+        "trace/continuations_promised": sum(tree.expansion_budget for tree in trees.values()),
+        "trace/trees": len(trees),
+        "trace/mixed_trees": mixed,
+        "trace/effective_ratio": mixed / len(trees),
+        "trace/paths": len(report.keys),
+        "trace/bare_rollouts": len(report.keys) - continuations,
+        "trace/continuations": continuations,
+        "trace/truncated_paths": 0,
+        "trace/predictor/version": dry_run_step.predictor_version,
+        "trace/predictor/examples_seen": 0,  # the service's predictor trains in the background: idle here
+    }
+    assert {name: metrics[name] for name in expected} == pytest.approx(expected)
+    assert 0 < continuations < len(report.keys)
+    assert metrics["trace/expected_mixed"] >= 0
+    assert {name for name in metrics if name.startswith("trace/")} <= set(integration.TRACE_METRICS)
+    # and the trainer's own figures beside them, from the same step: the weights versions every path
+    # carries are the ones a sync step generates with (no staleness)
+    assert metrics["training/global_step"] == 1 and "response_length/mean" in metrics
+    assert metrics["training/off_policy/trajectory_staleness/max"] == 0

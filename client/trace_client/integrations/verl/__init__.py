@@ -1,5 +1,5 @@
 """TRACE in verl's v1 trainer (`trainer.use_v1: true`, verl 0.9.1): the stock `PPOTrainerSync.fit` trains
-on TRACE's trees with TRACE's per-turn advantages.
+on TRACE's trees with TRACE's per-turn advantages, and logs TRACE's figures with its own.
 
 What is registered, and where verl calls it:
 
@@ -12,12 +12,16 @@ What is registered, and where verl calls it:
    prompt share one tree: the first to arrive runs it with `RolloutDriver.run_tree` (bare rollouts,
    Stage 2 continuations) and each session returns the root-to-leaf paths that start at its own bare
    rollout, so a continuation is one more trajectory (`{uid}_{session}_{k}`) of the prompt's group.
-   Each path's `rm_scores` carry TRACE's per-token advantage; its leaf reward is kept in
-   `extra_fields["trace_reward"]`. A path longer than `rollout.response_length` is cut to it (verl's
-   own loops do the same), and counted in `extra_fields["trace_truncated"]`.
-3. The advantage estimator `trace` (`algorithm.adv_estimator: trace`), registered with verl's estimator
-   registry when this module is imported: it passes `token_level_rewards · response_mask` through, so
-   the actor trains on exactly the tree's advantages.
+   Each path's `rm_scores` hold its leaf reward at its last token, as verl's own loops write them, so
+   verl's reward panels chart rewards; TRACE's per-token advantages go in the path's own field
+   `trace_advantages`. A path longer than `rollout.response_length` is cut to it (verl's own loops do
+   the same), and counted in `extra_fields["trace_truncated"]`.
+3. `TraceReplayBuffer` (`trainer.v1.sampler.custom_sampler`, in `replay_buffer`): verl's sync replay
+   buffer, which also returns TRACE's figures with the batch (verl logs them under `trace/`) and names
+   each sampled row by its TransferQueue key in the row's `uid`.
+4. The advantage estimator `trace` (`algorithm.adv_estimator: trace`), registered with verl's estimator
+   registry when this module is imported: verl passes it the rows' `uid` as `index`, and it returns
+   each row's `trace_advantages`, so the actor trains on exactly the tree's advantages.
 
 `trace_overrides()` gives the Hydra overrides that switch this on; `TraceSettings` documents the
 `trace.*` keys. The default turn is a chunk of at most `trace.turn_tokens` generated tokens (so a
@@ -25,10 +29,9 @@ single-answer task still gets branch points inside its answer) scored by verl's 
 (`reward.custom_reward_function`, else verl's rule-based `default_compute_score`); override
 `TraceAgentLoop.next_turn` and `score` for a tool-using agent.
 
-Limits: the metrics verl derives from `rm_scores` (`critic/score/*`, `critic/rewards/*`) sum the
-advantages, not the rewards; read `trace_reward`. `algorithm.use_kl_in_reward` would add a KL term to
-the advantages, so the overrides turn it off. One driver runs per agent-loop worker process, all trees
-of a step under one job: an instruction that a worker claims for another worker's tree (only after an
+Limits: the estimator ignores the rewards, so `algorithm.use_kl_in_reward` would change nothing the
+actor trains on; the overrides turn it off. One driver runs per agent-loop worker process, all trees of
+a step under one job: an instruction that a worker claims for another worker's tree (only after an
 answer was lost) waits for the service's `lease_seconds`.
 """
 
@@ -38,6 +41,7 @@ import asyncio
 import hashlib
 import inspect
 import json
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -46,6 +50,7 @@ from typing import Any, Final
 
 import numpy as np
 import torch
+import transfer_queue as tq
 from omegaconf import DictConfig, OmegaConf, open_dict
 from tensordict import NonTensorData, NonTensorStack, TensorDict
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
@@ -55,7 +60,32 @@ from verl.trainer.ppo.v1 import AgentLoopManagerTQ
 from trace_client import AsyncTraceClient, TraceClient
 from trace_client.adapters.trajectories import TokenTrajectory, token_trajectories
 from trace_client.driver import DriverConfig, FinishedTree, History, RolloutDriver, TurnResult, TurnTokens
-from trace_proto import AllocateRequest, Policy, PromptIn, TreeAllocation
+from trace_client.errors import TraceError
+from trace_client.integrations.verl.replay_buffer import (
+    ALLOCATIONS,
+    CONTINUATION_FIELD,
+    LEAF_ID_FIELD,
+    REWARD_FIELD,
+    TRACE_METRICS,
+    TRAIN_PARTITION,
+    TREE_ID_FIELD,
+    TREE_MIXED_FIELD,
+    TRUNCATED_FIELD,
+    AllocationFigures,
+    TraceReplayBuffer,
+)
+from trace_proto import (
+    AllocateRequest,
+    AllocateResponse,
+    Policy,
+    PredictorInfo,
+    PromptIn,
+    TreeAllocation,
+    TreeNode,
+    TreeResponse,
+)
+
+logger = logging.getLogger(__name__)
 
 #: The estimator's and the agent loop's name in verl's registries.
 TRACE: Final = "trace"
@@ -65,6 +95,10 @@ PROMPT_ID_FIELD: Final = "trace_prompt_id"
 #: verl's own per-row fields: the rollout count and the agent loop that runs the row.
 ROLLOUT_N_FIELD: Final = "__rollout_n__"
 AGENT_NAME_FIELD: Final = "agent_name"
+#: A path's per-token tree advantages, stored with the trajectory in TransferQueue.
+ADVANTAGES_FIELD: Final = "trace_advantages"
+#: verl's weights versions of a trajectory (`extra_fields`), which its step metrics require.
+WEIGHTS_FIELDS: Final = ("min_global_steps", "max_global_steps")
 #: The longest job name the service takes (JOB_PATTERN).
 MAX_JOB_LENGTH: Final = 128
 #: The agent-loop registry file shipped with this package (verl's `agent_loop_config_path`).
@@ -75,12 +109,40 @@ AGENT_LOOPS_FILE: Final = "agent_loops.yaml"
 
 
 def trace_advantages(
-    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, **_: Any
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray[Any, Any] | Sequence[str] | None = None,
+    **_: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """verl advantage estimator `trace`: the rows' `rm_scores` already are TRACE's per-token advantages
-    (see `TraceAgentLoopOutput`), so `A = token_level_rewards · response_mask`, and the returns equal A."""
-    advantages = token_level_rewards * response_mask
+    """verl advantage estimator `trace`: each row's TRACE advantages, `A = trace_advantages · response_mask`,
+    and the returns equal A. The rewards are not used: the tree's advantages already hold them.
+
+    verl passes the rows' `uid` as `index`; `TraceReplayBuffer` has set each to the row's TransferQueue
+    key, under which the path's `trace_advantages` are stored. A row with no loss token (verl's padding
+    rows) gets 0 without a look-up.
+    """
+    advantages = torch.zeros_like(token_level_rewards)
+    trained = [row for row in range(advantages.shape[0]) if bool(response_mask[row].any())]
+    if trained:
+        if index is None:
+            raise ValueError("the trace estimator needs the rows' uid (verl passes it as index)")
+        for row, values in zip(trained, path_advantages([str(index[row]) for row in trained]), strict=True):
+            width = min(values.numel(), advantages.shape[1])
+            advantages[row, :width] = values[:width]
+    advantages = advantages * response_mask
     return advantages, advantages.clone()
+
+
+def path_advantages(keys: Sequence[str]) -> list[torch.Tensor]:
+    """The stored `trace_advantages` of the trajectories with these TransferQueue keys."""
+    unnamed = [key for key in keys if len(key.rsplit("_", 2)) != 3]
+    if unnamed:
+        raise ValueError(
+            f"rows whose uid is not their trajectory key ({unnamed[:3]}): the trace estimator needs "
+            "TraceReplayBuffer as verl's sampler (trainer.v1.sampler.custom_sampler; trace_overrides sets it)"
+        )
+    data = tq.kv_batch_get(keys=list(keys), partition_id=TRAIN_PARTITION, select_fields=[ADVANTAGES_FIELD])
+    return list(data[ADVANTAGES_FIELD].unbind(0))
 
 
 def register_trace_estimator() -> None:
@@ -115,6 +177,8 @@ class TraceSettings:
         tree_timeout: Seconds one tree may take; past it the tree is closed with what it has.
         agent_loop: The registered agent loop that runs the trees (`trace`, or a subclass of
             `TraceAgentLoop` registered under another name, such as the dry run's `trace_sim`).
+        predictor_metrics: Ask the service for its predictor's quality (`GET /v1/predictor`, one call
+            a step) for the `trace/predictor/*` metrics; the version is logged either way.
     """
 
     url: str = "http://localhost:8000"
@@ -131,6 +195,7 @@ class TraceSettings:
     concurrency: int = 64
     tree_timeout: float = 3600.0
     agent_loop: str = TRACE
+    predictor_metrics: bool = True
 
     @classmethod
     def from_config(cls, config: DictConfig) -> TraceSettings:
@@ -183,6 +248,8 @@ def trace_overrides(url: str = "http://localhost:8000", **settings: object) -> l
     overrides = [
         "trainer.use_v1=true",
         "trainer.v1.trainer_mode=sync",
+        f"trainer.v1.sampler.custom_sampler.path=pkg://{TraceReplayBuffer.__module__}",
+        f"trainer.v1.sampler.custom_sampler.name={TraceReplayBuffer.__name__}",
         f"algorithm.adv_estimator={TRACE}",
         "algorithm.use_kl_in_reward=false",
         f"++actor_rollout_ref.rollout.agent.agent_loop_manager_class={__name__}.TraceAgentLoopManager",
@@ -259,10 +326,12 @@ class TreeTicket:
 @dataclass(frozen=True)
 class BatchAllocation:
     """One step's allocation over a batch: per row its prompt's stable id and its tree's ticket (None for
-    a prompt TRACE skipped, and for the second and later rows of a prompt the batch repeats)."""
+    a prompt TRACE skipped, and for the second and later rows of a prompt the batch repeats), and the
+    service's answer."""
 
     prompt_ids: list[str]
     tickets: list[TreeTicket | None]
+    response: AllocateResponse
 
 
 def allocate_batch(batch: TensorDict, config: DictConfig, client: TraceClient, step: int) -> BatchAllocation:
@@ -291,7 +360,7 @@ def allocate_batch(batch: TensorDict, config: DictConfig, client: TraceClient, s
         tickets.append(
             None if tree is None else TreeTicket(allocation.job, allocation.step, pool[prompt_id], tree)
         )
-    return BatchAllocation(ids, tickets)
+    return BatchAllocation(ids, tickets, allocation)
 
 
 class TraceAgentLoopManager(AgentLoopManagerTQ):
@@ -311,8 +380,23 @@ class TraceAgentLoopManager(AgentLoopManagerTQ):
 
     def generate_sequences(self, prompts: TensorDict) -> None:
         if "validate" not in prompts or not _plain(prompts["validate"]):
-            annotate_batch(prompts, self.config, self.trace_client)
+            allocation = annotate_batch(prompts, self.config, self.trace_client)
+            # v1's manager returns nothing to the trainer: the step's figures reach verl's metrics
+            # through the replay buffer (see `replay_buffer`)
+            figures = AllocationFigures.of(allocation.response, self.predictor_info())
+            ALLOCATIONS.publish(allocation.response.step, figures)
         super().generate_sequences(prompts)
+
+    def predictor_info(self) -> PredictorInfo | None:
+        """The predictor's quality figures, when `trace.predictor_metrics` asks for them; a failed call
+        costs the step its figures, not the training."""
+        if not TraceSettings.from_config(self.config).predictor_metrics:
+            return None
+        try:
+            return self.trace_client.predictor_info()
+        except TraceError as error:
+            logger.warning("no trace/predictor metrics this step: %s", error)
+            return None
 
 
 def annotate_batch(batch: TensorDict, config: DictConfig, client: TraceClient) -> BatchAllocation:
@@ -339,44 +423,92 @@ def annotate_batch(batch: TensorDict, config: DictConfig, client: TraceClient) -
 
 
 class TraceAgentLoopOutput(AgentLoopOutput):
-    """An `AgentLoopOutput` whose `rm_scores` are TRACE's per-token advantages (what the `trace`
-    estimator passes through), not the reward at the last token."""
+    """An `AgentLoopOutput` of one root-to-leaf path. `as_dict` (what verl stores) holds the path's
+    reward in `rm_scores`, at the last response token as verl's own outputs do, and TRACE's per-token
+    advantages (0 off the loss mask) in `trace_advantages`, which the `trace` estimator returns."""
 
+    path_reward: float
     token_advantages: list[float]
 
     def as_dict(self) -> dict[str, Any]:
         output: dict[str, Any] = super().as_dict()
         advantages = torch.tensor(output.pop("token_advantages"), dtype=torch.float32)
-        output["rm_scores"] = advantages * output["response_mask"]
+        output[ADVANTAGES_FIELD] = advantages * output["response_mask"]
+        # not from reward_score: verl copies a session's last reward_score onto its other outputs,
+        # and every path of a session (a bare rollout and its continuations) has its own reward
+        reward = output.pop("path_reward")
+        rm_scores = torch.zeros_like(output["response_mask"], dtype=torch.float32)
+        if len(rm_scores):
+            rm_scores[-1] = reward
+        output["rm_scores"] = rm_scores
         return output
 
 
-def path_output(trajectory: TokenTrajectory, response_length: int) -> TraceAgentLoopOutput:
-    """One root-to-leaf path as verl's agent-loop output, cut to `response_length` tokens."""
+def path_output(
+    trajectory: TokenTrajectory,
+    response_length: int,
+    *,
+    continuation: bool = False,
+    tree_mixed: bool = False,
+    weights_versions: tuple[int, int] | None = None,
+) -> TraceAgentLoopOutput:
+    """One root-to-leaf path as verl's agent-loop output, cut to `response_length` tokens.
+
+    `continuation`: the path ends in a Stage 2 continuation; `tree_mixed`: its tree is mixed;
+    `weights_versions`: the first and last weights version that generated it (verl's
+    `min_global_steps` / `max_global_steps`).
+    """
     keep = min(len(trajectory.response_ids), response_length)
     logprobs = None if trajectory.logprobs is None else list(trajectory.logprobs[:keep])
+    extra_fields: dict[str, Any] = {
+        REWARD_FIELD: trajectory.reward,
+        LEAF_ID_FIELD: trajectory.leaf_id,
+        TREE_ID_FIELD: trajectory.group,
+        TREE_MIXED_FIELD: tree_mixed,
+        CONTINUATION_FIELD: continuation,
+        TRUNCATED_FIELD: len(trajectory.response_ids) - keep,
+        # verl copies the last output's reward info onto a session's other outputs
+        "reward_extra_info": {},
+    }
+    if weights_versions is not None:
+        extra_fields.update(zip(WEIGHTS_FIELDS, weights_versions, strict=True))
     return TraceAgentLoopOutput(
         prompt_ids=list(trajectory.prompt_ids),
         response_ids=list(trajectory.response_ids[:keep]),
         response_mask=list(trajectory.loss_mask[:keep]),
         response_logprobs=logprobs,
+        # set, so that verl's reward workers do not score the path again
         reward_score=trajectory.reward,
         num_turns=trajectory.turns,
         metrics=AgentLoopMetrics(),
+        path_reward=trajectory.reward,
         token_advantages=list(trajectory.advantages[:keep]),
-        extra_fields={
-            "trace_reward": trajectory.reward,
-            "trace_leaf_id": trajectory.leaf_id,
-            "trace_tree_id": trajectory.group,
-            "trace_truncated": len(trajectory.response_ids) - keep,
-            # verl copies the last output's reward info onto a session's other outputs
-            "reward_extra_info": {},
-        },
+        extra_fields=extra_fields,
     )
 
 
+def continuation_leaves(tree: TreeResponse) -> set[str]:
+    """The leaves whose path passes through a Stage 2 continuation (a node an instruction started)."""
+    nodes = {node.node_id: node for node in tree.nodes}
+    leaves: set[str] = set()
+    for leaf in tree.nodes:
+        if leaf.reward is None:
+            continue
+        node: TreeNode | None = leaf
+        while node is not None:
+            if node.instruction_id is not None:
+                leaves.add(leaf.node_id)
+                break
+            node = nodes.get(node.parent_id) if node.parent_id is not None else None
+    return leaves
+
+
 def session_outputs(
-    finished: FinishedTree, prompt_ids: Sequence[int], response_length: int
+    finished: FinishedTree,
+    prompt_ids: Sequence[int],
+    response_length: int,
+    *,
+    weights_versions: tuple[int, int] | None = None,
 ) -> list[list[TraceAgentLoopOutput]]:
     """The tree's paths as verl outputs, grouped by the bare rollout they start at (in node order)."""
     roots = [node.node_id for node in finished.tree.nodes if node.parent_id is None]
@@ -384,8 +516,16 @@ def session_outputs(
         [] for _ in range(max(finished.allocation.rollouts, len(roots)))
     ]
     index = {root: k for k, root in enumerate(roots)}
+    continuations = continuation_leaves(finished.tree)
     for trajectory in token_trajectories([finished], lambda _: prompt_ids):
-        sessions[index[trajectory.root_id]].append(path_output(trajectory, response_length))
+        output = path_output(
+            trajectory,
+            response_length,
+            continuation=trajectory.leaf_id in continuations,
+            tree_mixed=finished.tree.mixed,
+            weights_versions=weights_versions,
+        )
+        sessions[index[trajectory.root_id]].append(output)
     return sessions
 
 
@@ -452,6 +592,8 @@ class TraceAgentLoop(AgentLoopBase):
         self.sampling_params: dict[str, Any] = {}
         self.row: dict[str, Any] = {}
         self.prompt_ids: list[int] = []
+        # the weights versions the inference server reported for this tree's turns
+        self.weights_versions: set[int] = set()
         self._reward_fn: Any = None
 
     # verl's TransferQueue worker takes a list (one output per trajectory), though the base annotates one
@@ -466,12 +608,22 @@ class TraceAgentLoop(AgentLoopBase):
     async def run_tree(self, driver: RolloutDriver, ticket: TreeTicket) -> list[list[TraceAgentLoopOutput]]:
         self.prompt_ids = await self.build_prompt_ids()
         finished = await driver.run_tree(ticket.tree, ticket.prompt, job=ticket.job, step=ticket.step)
-        return session_outputs(finished, self.prompt_ids, self.response_length)
+        return session_outputs(
+            finished, self.prompt_ids, self.response_length, weights_versions=self.tree_weights(ticket)
+        )
+
+    def tree_weights(self, ticket: TreeTicket) -> tuple[int, int]:
+        """The first and last weights version of the tree's turns; verl's step metrics need them on
+        every trajectory. A turn that bypasses verl's server reports none: then the version a sync
+        step generates with, the previous step's weights."""
+        if self.weights_versions:
+            return min(self.weights_versions), max(self.weights_versions)
+        return max(ticket.step - 1, 0), max(ticket.step - 1, 0)
 
     async def build_prompt_ids(self) -> list[int]:
-        """The prompt's token ids, through verl's tokenization path (chat template, prompt cap)."""
-        ids = await self.ct_build_initial_tokens(list(self.row["raw_prompt"]))
-        return list(self._cap_text_prompt_length(list(ids)))
+        """The prompt's token ids, through verl's tokenization path (chat template; a prompt longer than
+        `rollout.prompt_length` keeps its last tokens, as verl's own loops do)."""
+        return list(await self.ct_build_initial_tokens(list(self.row["raw_prompt"])))
 
     async def next_turn(self, history: History) -> TurnResult:
         """One chunk of generated tokens after the history's turns."""
@@ -486,6 +638,11 @@ class TraceAgentLoop(AgentLoopBase):
             request_id=history.tree_id,
             prompt_ids=context,
             sampling_params=params,
+        )
+        self.weights_versions.update(
+            int(output.extra_fields[name])
+            for name in (*WEIGHTS_FIELDS, "global_steps")
+            if output.extra_fields.get(name) is not None
         )
         ids = tuple(int(i) for i in output.token_ids)
         tokenizer: Any = self.tokenizer
@@ -558,14 +715,19 @@ def _plain(value: Any) -> Any:
 
 
 __all__ = [
+    "ADVANTAGES_FIELD",
     "TRACE",
+    "TRACE_METRICS",
     "TraceAgentLoop",
     "TraceAgentLoopManager",
     "TraceAgentLoopOutput",
+    "TraceReplayBuffer",
     "TraceSettings",
     "TreeTicket",
     "allocate_batch",
     "annotate_batch",
+    "continuation_leaves",
+    "path_advantages",
     "path_output",
     "register_trace_estimator",
     "session_outputs",

@@ -5,9 +5,11 @@ What runs for real: verl's Hydra config (`ppo_trainer` with `trace_overrides()`)
 with TransferQueue, `TraceAgentLoopManager` creating verl's `AgentLoopWorkerTQ` actors (which load a
 byte-level tokenizer written to a temporary model directory, since nothing can be downloaded), verl's
 per-prompt `__rollout_n__` sessions, the registered agent loop `trace_sim` (`SimTraceAgentLoop`), the
-outputs in TransferQueue, verl's sync `ReplayBuffer.sample` and `PPOTrainer._compute_advantage` with the
-`trace` estimator. What does not: the FSDP actor, reference and critic workers (log-probabilities and the
-update need a model on an accelerator), so a step ends with the advantages the actor would train on.
+outputs in TransferQueue, `TraceReplayBuffer.sample` (verl's sync `ReplayBuffer`), and the trainer's
+`PPOTrainer._compute_advantage` with the `trace` estimator and `PPOTrainer._compute_metrics`, with the
+step's metrics gathered as `PPOTrainer.step` gathers them. What does not: the FSDP actor, reference and
+critic workers (log-probabilities and the update need a model on an accelerator), so a step ends with
+the advantages the actor would train on and the metrics verl would log, less the actor's own.
 
     python -m trace_client.integrations.verl.dry_run --url http://127.0.0.1:8000 --steps 3
 """
@@ -34,8 +36,9 @@ import transfer_queue as tq
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from tensordict import TensorDict
+from verl.trainer.ppo.metric_utils import RolloutMoELoadBalanceMetricsAccumulator
 from verl.trainer.ppo.v1 import PPOTrainer
-from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+from verl.trainer.ppo.v1.utils import MetricsAggregator
 from verl.utils import tensordict_utils as tu
 
 from trace_client.driver import History, TurnResult, TurnTokens
@@ -43,6 +46,7 @@ from trace_client.integrations.verl import (
     ROLLOUT_N_FIELD,
     TraceAgentLoop,
     TraceAgentLoopManager,
+    TraceReplayBuffer,
     trace_overrides,
 )
 from trace_lab.sim import SimConfig, SimWorkload
@@ -174,17 +178,21 @@ class StepReport:
     keys: list[str]  # TransferQueue keys of the sampled trajectories, `{uid}_{session}_{index}`
     advantages: list[list[float]]  # per key: the advantages the actor would train on (response tokens)
     fields: list[dict[str, Any]]  # per key: `extra_fields` (trace_reward, trace_tree_id, trace_leaf_id, ...)
-    rm_scores: list[list[float]]
+    rm_scores: list[list[float]]  # per key: what verl's reward panels read (the reward at the last token)
+    loss_masks: list[list[int]]  # per key: verl's response_mask (1: the token enters the loss)
+    metrics: dict[str, Any]  # what verl's trainer would log for the step, less the actor's own figures
 
     def line(self) -> str:
-        trees = sum(n > 0 for n in self.rollout_n.values())
-        continuations = sum(int(key.rsplit("_", 1)[1]) > 0 for key in self.keys)
-        rewards = [float(f["trace_reward"]) for f in self.fields]
-        mean = sum(rewards) / len(rewards) if rewards else 0.0
+        ratio = self.metrics.get("trace/effective_ratio")
         return (
-            f"step {self.step} | prompts {len(self.rollout_n)} | trees {trees}"
-            f" | bare rollouts {sum(self.rollout_n.values())} | paths {len(self.keys)}"
-            f" (continuation paths {continuations}) | mean reward {mean:.2f}"
+            f"step {self.step} | prompts {self.metrics.get('trace/prompts', 0):.0f}"
+            f" (skipped {self.metrics.get('trace/skipped_prompts', 0):.0f})"
+            f" | trees {self.metrics.get('trace/trees', 0):.0f}"
+            f" | paths {self.metrics.get('trace/paths', 0):.0f}"
+            f" (bare rollouts {self.metrics.get('trace/bare_rollouts', 0):.0f},"
+            f" continuations {self.metrics.get('trace/continuations', 0):.0f})"
+            f" | effective ratio {'-' if ratio is None else f'{ratio:.2f}'}"
+            f" | critic/score/mean {self.metrics.get('critic/score/mean', 0.0):.2f}"
         )
 
 
@@ -200,7 +208,7 @@ class DryRun:
         self.manager = TraceAgentLoopManager.create(
             config=self.config, llm_client=None, teacher_client=None, reward_loop_worker_handles=None
         )
-        self.replay_buffer = ReplayBuffer(
+        self.replay_buffer = TraceReplayBuffer(
             trainer_mode="sync",
             trainer_config=self.config.trainer.v1.get("sync", {}),
             max_off_policy_threshold=self.config.trainer.v1.sampler.max_off_policy_threshold,
@@ -214,8 +222,16 @@ class DryRun:
             gen_batch_size=options.pool,
             max_inflight_gen_batches=1,
         )
-        # `_compute_advantage` reads only the config: the trainer method runs as verl's trainer runs it.
-        self.trainer_view = SimpleNamespace(config=self.config)
+        # what the trainer's `_compute_advantage` and `_compute_metrics` read of it: they run as verl's
+        # trainer runs them
+        self.trainer_view = SimpleNamespace(
+            config=self.config,
+            use_critic=False,
+            _rollout_moe_lb_metrics_accumulator=RolloutMoELoadBalanceMetricsAccumulator(
+                model_config=self.config.actor_rollout_ref.model
+            ),
+            _get_n_gpus_for_throughput=lambda: 1,
+        )
 
     def batch(self, step: int) -> TensorDict:
         """Step `step`'s prompts as verl's dataloader and `_next_train_batch` make them."""
@@ -233,19 +249,33 @@ class DryRun:
         return batch
 
     def step(self, step: int) -> StepReport:
+        started = time.monotonic()
+        timing: dict[str, float] = {}
         batch = self.batch(step)
         uids = list(batch["uid"])
         tags = [{"is_prompt": True, "status": "pending", "global_steps": step} for _ in uids]
         tq.kv_batch_put(keys=uids, partition_id="train", tags=tags)
         self.manager.generate_sequences(batch)  # allocates, then verl's workers run the sessions
         rollout_n = dict(zip(uids, batch[ROLLOUT_N_FIELD].tolist(), strict=True))
-        sampled, _ = self.replay_buffer.sample(global_steps=step, partition_id="train", batch_size=len(uids))
-        # the trainer's own method; it reads only `self.config`
-        sampled = PPOTrainer._compute_advantage(self.trainer_view, sampled, metrics={})  # type: ignore[arg-type]
+        # as `PPOTrainer.step` and `_step_once` gather a step's metrics (one update per step in sync mode)
+        iteration: dict[str, Any] = {}
+        sampled, sampler_metrics = self.replay_buffer.sample(
+            global_steps=step, partition_id="train", batch_size=len(uids)
+        )
+        iteration.update(sampler_metrics)
+        timing["gen"] = time.monotonic() - started
+        view: Any = self.trainer_view  # the trainer's own methods, on what they read of the trainer
+        sampled = PPOTrainer._compute_advantage(view, sampled, metrics=iteration)
+        timing["adv"] = time.monotonic() - started - timing["gen"]
+        aggregator = MetricsAggregator()
+        aggregator.add_step_metrics(iteration, sample_count=len(sampled.keys))
+        metrics = aggregator.get_aggregated_metrics()
+        timing["step"] = time.monotonic() - started
+        PPOTrainer._compute_metrics(view, sampled, metrics, timing, global_steps=step, epoch=0)
         data = tq.kv_batch_get(
             keys=sampled.keys,
             partition_id=sampled.partition_id,
-            select_fields=["advantages", "rm_scores", "extra_fields"],
+            select_fields=["advantages", "rm_scores", "response_mask", "extra_fields"],
         )
         report = StepReport(
             step=step,
@@ -254,6 +284,8 @@ class DryRun:
             advantages=[row.tolist() for row in data["advantages"].unbind(0)],
             fields=list(data["extra_fields"]),
             rm_scores=[row.tolist() for row in data["rm_scores"].unbind(0)],
+            loss_masks=[row.tolist() for row in data["response_mask"].unbind(0)],
+            metrics=metrics,
         )
         tq.kv_clear(keys=sampled.keys, partition_id=sampled.partition_id)
         tq.kv_clear(keys=uids, partition_id="train")
