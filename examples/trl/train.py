@@ -73,9 +73,9 @@ class StepLines(TrainerCallback):
         )
 
 
-def char_tokenizer() -> PreTrainedTokenizerFast:
+def char_tokenizer(characters: str = CHARACTERS) -> PreTrainedTokenizerFast:
     """One token per character of the task's alphabet."""
-    vocabulary = {PAD: 0, EOS: 1, **{c: i + 2 for i, c in enumerate(CHARACTERS)}}
+    vocabulary = {PAD: 0, EOS: 1, **{c: i + 2 for i, c in enumerate(characters)}}
     model = Tokenizer(models.WordLevel(vocabulary, unk_token=PAD))
     model.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     model.decoder = decoders.Fuse()

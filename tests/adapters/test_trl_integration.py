@@ -20,8 +20,7 @@ from datasets import Dataset
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import make_settings
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 from trl import GRPOConfig, GRPOTrainer
 
 from trace_client.driver import History, TurnResult, TurnTokens
@@ -211,19 +210,26 @@ async def test_a_generation_error_reaches_every_waiting_turn_and_is_kept() -> No
 
 # --- GRPOTrainer on a live service -----------------------------------------------------------------------
 
-PAD, EOS = "<pad>", "<eos>"
 CHARACTERS = "0123456789q:|"
 PROMPTS = [f"q:{digit}" for digit in range(8)]
 
 
+def load_example() -> Any:
+    """examples/trl/train.py as a module: its tiny model and tokenizer serve the tests too."""
+    path = Path(__file__).resolve().parents[2] / "examples" / "trl" / "train.py"
+    spec = importlib.util.spec_from_file_location("trl_example", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    return example
+
+
+EXAMPLE = load_example()
+
+
 def char_tokenizer() -> PreTrainedTokenizerFast:
-    """One token per character, built in code."""
-    vocabulary = {PAD: 0, EOS: 1, **{c: i + 2 for i, c in enumerate(CHARACTERS)}}
-    model = Tokenizer(models.WordLevel(vocabulary, unk_token=PAD))
-    model.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    model.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=model, pad_token=PAD, eos_token=EOS)
-    tokenizer.padding_side = "left"
+    """One token per character, built in code, with a chat template for conversational prompts."""
+    tokenizer: PreTrainedTokenizerFast = EXAMPLE.char_tokenizer(CHARACTERS)
     tokenizer.chat_template = (
         "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}:{% endif %}"
     )
@@ -295,19 +301,7 @@ def trained_rows(batch: dict[str, torch.Tensor]) -> list[tuple[tuple[int, ...], 
 def test_grpo_trainer_trains_on_the_services_trees(tmp_path: Path) -> None:
     torch.manual_seed(0)
     tokenizer = char_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=64,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-    )
-    model = LlamaForCausalLM(config)
+    model = EXAMPLE.tiny_llama(tokenizer)
     args = GRPOConfig(
         output_dir=str(tmp_path),
         per_device_train_batch_size=32,  # 4 prompts × num_generations 8: 28 rows and 4 fillers
@@ -381,13 +375,8 @@ def test_grpo_trainer_trains_on_the_services_trees(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_example_trains_with_trace(capsys: pytest.CaptureFixture[str]) -> None:
-    path = Path(__file__).resolve().parents[2] / "examples" / "trl" / "train.py"
-    spec = importlib.util.spec_from_file_location("trl_example", path)
-    assert spec is not None and spec.loader is not None
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
     with ThreadedService.from_settings(make_settings(train_interval_seconds=60.0)) as live:
-        logged = example.main(["--url", live.url, "--steps", "2"])
+        logged = EXAMPLE.main(["--url", live.url, "--steps", "2"])
     assert len(logged) == 2
     assert all(entry["trace/skipped_prompts"] >= 1 and entry["trace/continuations"] > 0 for entry in logged)
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
