@@ -1,6 +1,6 @@
 """verl and SkyRL batches from token rows: the shapes their documented interfaces take (verl 0.9.1,
 SkyRL 0.3.0), verl's real classes (installed with the project's `verl` extra), and SkyRL's where it is
-installed (it needs Python ≥ 3.12; the project's environment is 3.11)."""
+installed (it imports only on Python ≥ 3.12; the project's environment is 3.11)."""
 
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ def test_real_verl_classes_take_the_outputs() -> None:
 
 
 def test_real_skyrl_classes_take_the_output() -> None:
-    base = pytest.importorskip("skyrl.train.generators.base", reason="SkyRL needs Python >= 3.12")
+    base = pytest.importorskip("skyrl.train.generators.base", reason="SkyRL imports only on Python >= 3.12")
     output = skyrl_adapter.generator_output(rows())
     assert output["trajectory_ids"][1] == base.TrajectoryID(instance_id="t", repetition_id=1)
     skyrl_adapter.register_trace_estimator("trace-test")
