@@ -123,6 +123,7 @@ def test_skyrl_estimator_passes_the_advantages_through_the_mask() -> None:
     assert torch.equal(returns, advantages)
 
 
+@pytest.mark.framework
 def test_real_verl_classes_take_the_outputs() -> None:
     (output, *_) = verl_adapter.agent_loop_outputs(rows())
     assert output.response_mask == [1, 0, 1]
@@ -130,6 +131,7 @@ def test_real_verl_classes_take_the_outputs() -> None:
     assert list(proto.non_tensor_batch["uid"]) == ["t", "t", "u"]
 
 
+@pytest.mark.framework
 def test_real_skyrl_classes_take_the_output() -> None:
     base = pytest.importorskip("skyrl.train.generators.base", reason="SkyRL imports only on Python >= 3.12")
     output = skyrl_adapter.generator_output(rows())

@@ -42,7 +42,10 @@ from trace_lab.local import ThreadedService
 from trace_service.tree import advantages, tree_targets
 
 #: TRL warns that `rollout_func` is experimental: known, and what the integration is written against.
-pytestmark = pytest.mark.filterwarnings("ignore:You are using 'rollout_func':UserWarning")
+pytestmark = [
+    pytest.mark.framework,
+    pytest.mark.filterwarnings("ignore:You are using 'rollout_func':UserWarning"),
+]
 
 # n0 ── n1 ─┬─ n2 ── n3 ── n4 (leaf 1.0)        n6 ── n7 ── n8 (leaf 0.0)
 #           └─ n5 (leaf 0.0, a continuation branched from n1)

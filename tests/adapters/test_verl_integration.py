@@ -41,6 +41,8 @@ from trace_lab.local import ThreadedService
 from trace_lab.sim import SimConfig, SimWorkload
 from trace_proto import PredictorInfo, PromptIn, TreeResponse
 
+pytestmark = pytest.mark.framework
+
 # n0 ─┬─ n1 (leaf 1.0)      n3 ── n4 (leaf 0.0)
 #     └─ n2 (leaf 0.0, a continuation branched from n0)
 PARENTS = [-1, 0, 0, -1, 3]
