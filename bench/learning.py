@@ -385,8 +385,7 @@ class ServiceArm(ArmRun):
         super().__init__(arm, family, seed, args)
         self.service = service
         self.client = AsyncTraceClient(service.url, timeout=120.0)
-        safe_name = "".join(c if c.isalnum() else "-" for c in arm.name)
-        self.job = f"learn-{family}-s{seed}-{safe_name}-{uuid.uuid4().hex[:6]}"
+        self.job = fresh_job("learn", family, f"s{seed}", arm.name)
         agent = SimAgent(self.workload, np.random.default_rng([seed, 1, *arm.name.encode()]))
         # Every rollout of a step in flight at once: SimAgent steps them in one vectorised batch per turn.
         driver_config = DriverConfig(concurrency=4 * arm.budget + 64, step_timeout=args.step_timeout)
@@ -516,6 +515,13 @@ async def wait_for_training(client: AsyncTraceClient, patience: float) -> None:
 
 
 # --- one family and seed -------------------------------------------------------------------------------
+
+
+def fresh_job(*parts: str) -> str:
+    """A new job id of the v1 contract (letters, digits and ``_.-``) naming ``parts``: an arm's name may
+    hold ``@`` (``trace@global``)."""
+    named = "-".join(parts)
+    return "".join(c if c.isalnum() or c in "_.-" else "-" for c in named) + f"-{uuid.uuid4().hex[:6]}"
 
 
 def service_settings(prefix: str, feature_dim: int, *, trainer: bool) -> dict[str, str]:

@@ -49,7 +49,6 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -58,7 +57,14 @@ import numpy as np
 import torch
 
 from bench.advantages import ADVANTAGES, exported_tree_advantages
-from bench.learning import Arm, cost_to_reach, service_settings, success_at, wait_for_training
+from bench.learning import (
+    Arm,
+    cost_to_reach,
+    fresh_job,
+    service_settings,
+    success_at,
+    wait_for_training,
+)
 from bench.lm import vocab
 from bench.lm.grpo import pad_batch, token_policy_loss
 from bench.lm.model import ModelConfig, TinyLM
@@ -386,7 +392,7 @@ class ArmRun:
         self.service = service
         self.args = args
         self.client = AsyncTraceClient(service.url, timeout=120.0)
-        self.job = f"lm-{arm.name}-{uuid.uuid4().hex[:6]}"
+        self.job = fresh_job("lm", arm.name)
         self.curve = TokenCurve()
 
     async def step(self, step: int, pool: Sequence[Prompt]) -> None:

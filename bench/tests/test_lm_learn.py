@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+from bench.learning import fresh_job
 from bench.lm import vocab
 from bench.lm.learn import LMPolicy, TurnState, WarmStart, main, training_sequences, warm_started
 from bench.lm.model import ModelConfig, TinyLM
 from bench.lm.tasks import ToolArithmetic
 from trace_client.driver import FinishedTree, TurnResult
-from trace_proto import PromptIn, TreeAllocation, TreeNode, TreeResponse, TreeStatus
+from trace_proto import AllocateRequest, PromptIn, TreeAllocation, TreeNode, TreeResponse, TreeStatus
 
 TINY = ModelConfig(vocab_size=vocab.VOCAB_SIZE, d_model=16, n_layers=1, n_heads=2, max_len=320)
 
@@ -111,3 +112,11 @@ def test_quick_run_reports_every_arm(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "saved curves of uniform, trace" in captured.err
     assert "| arithmetic | trace_paper |" in captured.out
     assert len(list((tmp_path / "lm-runs").glob("arithmetic-s0-*-trace_paper.json"))) == 1
+
+
+def test_an_arms_job_is_a_valid_job_whatever_its_name() -> None:
+    """An arm's name may hold ``@`` (an advantage variant); its job id must still be a contract job id."""
+    jobs = {fresh_job("lm", name) for name in ("trace@first-once", "trace@global", "uniform")}
+    assert len(jobs) == 3
+    for job in jobs:
+        AllocateRequest(job=job, step=0, prompts=[PromptIn(prompt_id="p", text="t")], budget=2)
