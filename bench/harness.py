@@ -68,7 +68,6 @@ from trace_service.allocation import (
     root_value,
     round_budgets,
 )
-from trace_service.allocation.registry import TRACE_PAPER_ROOTS
 from trace_service.branching import branch_depth, can_branch, place_round
 from trace_service.tree import (
     ROOT,
@@ -152,7 +151,8 @@ def default_strategies(
         Strategy("trace_root", Policy.TRACE_ROOT, make_estimator()),
         Strategy("trace_prefix", Policy.TRACE_PREFIX, make_estimator()),
         Strategy("trace", Policy.TRACE, make_estimator()),
-        Strategy("trace_local", Policy.TRACE, make_estimator(), local=True),
+        Strategy("trace_joint", Policy.TRACE_JOINT, make_estimator()),
+        Strategy("trace_joint_local", Policy.TRACE_JOINT, make_estimator(), local=True),
         Strategy("trace_beta", Policy.TRACE, make_estimator(), belief=RootBelief.beta),
         Strategy("trace_thompson", Policy.TRACE, make_estimator(), belief=RootBelief.thompson),
         Strategy("trace_per_turn", Policy.TRACE, make_estimator(), prices_turns=True),
@@ -165,11 +165,10 @@ def default_strategies(
             "trace_knowable_roots", Policy.TRACE, KnowableRoots(make_estimator(), text_noise=text_noise)
         ),
         Strategy("oracle", Policy.TRACE, oracle_estimator),
-        Strategy("oracle_local", Policy.TRACE, oracle_estimator, local=True),
+        Strategy("oracle_joint", Policy.TRACE_JOINT, oracle_estimator),
         Strategy(
             "oracle_knowable_roots", Policy.TRACE, KnowableRoots(oracle_estimator, text_noise=text_noise)
         ),
-        Strategy("oracle_paper", Policy.TRACE_PAPER, oracle_estimator),
         Strategy("oracle_shared", Policy.TRACE_SHARED, oracle_estimator),
         Strategy("oracle_flat", Policy.TRACE, oracle_estimator, branches=False),
         Strategy("oracle_per_turn", Policy.TRACE, oracle_estimator, prices_turns=True),
@@ -586,10 +585,10 @@ def _stage1_counts(v: FloatArray, budget: int, config: StepConfig, freshness: fl
 
 
 def _freshness_used(strategy: Strategy, freshness: float) -> float:
-    """The ρ a strategy's Stage 1 is valued (and TRACE's allocates) at: the learned one for a strategy
-    that branches, whose continuations add the contrast the joint objective counts, unless its rule is
-    the paper's; else 0 (the paper's objective)."""
-    joint = strategy.branches and strategy.rules.roots is not TRACE_PAPER_ROOTS
+    """The ρ a strategy's Stage 1 is valued (and the joint objective allocates) at: the learned one for a
+    strategy that branches under a rule that reads it (its continuations add the contrast the joint
+    objective counts); else 0 (the paper's objective)."""
+    joint = strategy.branches and Need.FRESHNESS in strategy.rules.roots.needs
     return freshness if joint else 0.0
 
 

@@ -13,9 +13,9 @@ Arms, each with its own copy of the policy θ (the family's initial policy) and 
                  and expansion N (the contract's `uniform` policy, uniform Stage 1 and 2, is `uniform_tree`)
   oracle         TRACE Stage 1 and Stage 2 on the workload's true probabilities, in process
                  (`bench.harness.run_step`, the same `trace_service.allocation` functions the service uses):
-                 the joint Stage 1 objective at the freshness learned from its own trees, as the service's
-                 `trace`; `oracle_paper` with the paper's objective, as the service's `trace_paper`;
-                 `oracle_shared` with the trees' continuations shared, as the service's `trace_shared`
+                 the rules of the service's `trace`; `oracle_joint` with the joint Stage 1 objective at
+                 the freshness learned from its own trees and half the trees' continuations shared, as
+                 the service's `trace_joint`; `oracle_shared` with all of them shared, as `trace_shared`
 
 The service's predictor is one per process (jobs share it), so every arm whose policy reads Ṽ drives its
 own `trace-rollout serve` process, whose predictor learns only from that arm's trees; the arms whose
@@ -100,7 +100,7 @@ IntArray = npt.NDArray[np.int64]
 UNIFORM = "uniform"
 UNIFORM_TREE = "uniform_tree"
 ORACLE = "oracle"
-ORACLE_PAPER = "oracle_paper"
+ORACLE_JOINT = "oracle_joint"
 ORACLE_SHARED = "oracle_shared"
 #: Held-out tasks of training seed s come from seed s + this: another draw of the same family.
 HELD_OUT_SEED_OFFSET = 10_000
@@ -305,7 +305,7 @@ def build_arms(bare: int, expansion: float) -> list[Arm]:
         for policy in Policy
     ]
     arms.append(Arm(ORACLE, None, bare, expansion))
-    arms.append(Arm(ORACLE_PAPER, None, bare, expansion, Policy.TRACE_PAPER))
+    arms.append(Arm(ORACLE_JOINT, None, bare, expansion, Policy.TRACE_JOINT))
     arms.append(Arm(ORACLE_SHARED, None, bare, expansion, Policy.TRACE_SHARED))
     return arms
 

@@ -1,9 +1,9 @@
 """A language-model learner through the real service: held-out accuracy per generated token, per arm.
 
-    python -m bench.lm.learn            # arithmetic: uniform, dapo, trace_paper, trace; one seed
+    python -m bench.lm.learn            # arithmetic: uniform, dapo, trace_joint, trace; one seed
     python -m bench.lm.learn --quick    # a smoke run of about a minute
     python -m bench.lm.learn --task arithmetic,lookup --seeds 3 \\
-        --arms uniform,dapo,greso,knapsack,trace_paper,trace   # the full matrix
+        --arms uniform,dapo,greso,knapsack,trace_joint,trace_prefix,trace   # the full matrix
 
 The policy is a small decoder-only transformer over characters (`bench.lm.model`), warm-started by
 supervised training on noisy demonstrations of the task (cached per task, seed and configuration in
@@ -77,7 +77,7 @@ from trace_lab.local import ServiceProcess
 from trace_proto import AllocateRequest, Policy, PromptIn
 
 UNIFORM = "uniform"
-DEFAULT_ARMS = ("uniform", "dapo", "trace_paper", "trace")
+DEFAULT_ARMS = ("uniform", "dapo", "trace_joint", "trace")
 #: Every policy of the contract; `uniform` is GRPO's flat groups at R = M + ⌊M·N⌋ rollouts.
 ALL_ARMS = tuple(policy.value for policy in Policy)
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "results"

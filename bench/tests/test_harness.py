@@ -270,10 +270,10 @@ def test_step_config_rejects(arguments: dict[str, object], message: str) -> None
         StepConfig(**arguments)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("policy", [Policy.TRACE_SHARED, Policy.TRACE], ids=str)
+@pytest.mark.parametrize("policy", [Policy.TRACE_SHARED, Policy.TRACE_JOINT], ids=str)
 def test_shared_draws_leave_mixed_trees_their_kept_part_and_never_exceed_the_shares(policy: Policy) -> None:
     """Sharing in the harness: a tree whose bare group is mixed draws only the part it keeps (nothing
-    under `trace_shared`, half under `trace`), every other tree with a prefix at least its own share,
+    under `trace_shared`, half under `trace_joint`), every other tree with a prefix at least its own share,
     and the draws never exceed the step's continuations."""
     sharing = POLICIES[policy].sharing
     assert sharing is not None
@@ -293,11 +293,11 @@ def test_shared_draws_leave_mixed_trees_their_kept_part_and_never_exceed_the_sha
         assert drawn == kept if mixed[tree] else drawn >= shares[tree]
 
 
-def test_under_trace_agreeing_trees_branch_from_first_turns_and_mixed_trees_anywhere() -> None:
-    """`trace`'s sharing: the candidates of a tree whose bare rollouts agree are its first turns; a tree
+def test_under_trace_joint_agreeing_trees_branch_from_first_turns_and_mixed_trees_anywhere() -> None:
+    """`trace_joint`'s sharing: the candidates of a tree whose bare rollouts agree are its first turns; a tree
     whose bare rollouts are mixed keeps every depth the request allows."""
     workload, pool = fresh_pool()
-    forest = harness._Forest(pool[:32], [4] * 32, POLICIES[Policy.TRACE])
+    forest = harness._Forest(pool[:32], [4] * 32, POLICIES[Policy.TRACE_JOINT])
     harness._run_bare(workload, forest, harness._Ledger(None), np.random.default_rng(0))
     successes, visits, _ = forest.outcomes()
     mixed = is_mixed(successes, visits)

@@ -29,7 +29,7 @@ STEP = StepResult(
     root_predictions=(),
 )  # fmt: skip
 ORACLE = next(strategy for strategy in default_strategies() if strategy.name == "oracle")
-ORACLE_PAPER = next(strategy for strategy in default_strategies() if strategy.name == "oracle_paper")
+ORACLE_JOINT = next(strategy for strategy in default_strategies() if strategy.name == "oracle_joint")
 
 
 def test_paired_ratio_divides_seed_by_seed_and_counts_the_seeds_at_or_above() -> None:
@@ -106,7 +106,7 @@ def best_stage1_by_enumeration(
 
 
 @pytest.mark.parametrize(
-    ("strategy", "freshness"), [(ORACLE, FreshnessEstimate().value), (ORACLE_PAPER, 0.0)]
+    ("strategy", "freshness"), [(ORACLE, 0.0), (ORACLE_JOINT, FreshnessEstimate().value)]
 )
 def test_the_oracle_reads_the_truth_and_reaches_the_enumerated_optimum(
     strategy: Strategy, freshness: float

@@ -42,7 +42,7 @@ def trajectory(prompt_id: str, events: Sequence[ExpandEvent]) -> list[RolloutSta
 
 @pytest.mark.parametrize(
     "policy",
-    [Policy.TRACE, Policy.TRACE_PAPER, Policy.TRACE_SHARED, Policy.TRACE_PREFIX, Policy.DAPO, Policy.UNIFORM],
+    [Policy.TRACE, Policy.TRACE_JOINT, Policy.TRACE_SHARED, Policy.TRACE_PREFIX, Policy.DAPO, Policy.UNIFORM],
     ids=str,
 )
 async def test_the_harness_places_continuations_where_the_service_does(policy: Policy) -> None:

@@ -184,18 +184,19 @@ def test_stage1_of_each_policy_is_its_rule_called_directly(
         rng=np.random.default_rng(seed),
     )
     limits: dict[str, Any] = {"min_rollouts": 2, "max_rollouts": 8, "max_prompts": cap}
-    # Only TRACE's joint objective reads a concentration; every other rule values the point Ṽ.
+    # Only TRACE's objectives read a concentration; every other rule values the point Ṽ.
     joint = allocate_roots(
         v, budget, expansion=2.0, freshness=freshness, concentration=concentration, **limits
     ).counts
-    paper = allocate_roots(v, budget, **limits).counts
+    paper = allocate_roots(v, budget, concentration=concentration, **limits).counts
     uniform = uniform_roots(n, budget, **limits)
     keep = greso_keep(streak, np.random.default_rng(seed), keep_probability=0.1)
     per_prompt = int(np.clip(budget // min(n, cap or n), 2, 8))
     expected = {
-        Policy.TRACE: joint,
-        Policy.TRACE_ROOT: joint,
+        Policy.TRACE: paper,
+        Policy.TRACE_ROOT: paper,
         Policy.TRACE_PAPER: paper,
+        Policy.TRACE_JOINT: joint,
         Policy.TRACE_SHARED: joint,
         Policy.TRACE_PREFIX: uniform,
         Policy.UNIFORM: uniform,
@@ -247,6 +248,7 @@ def test_stage2_of_each_policy_is_its_rule_called_directly(
     expected = {
         Policy.TRACE: (greedy.counts, greedy.fallback_units),
         Policy.TRACE_PAPER: (greedy.counts, greedy.fallback_units),
+        Policy.TRACE_JOINT: (greedy.counts, greedy.fallback_units),
         Policy.TRACE_SHARED: (greedy.counts, greedy.fallback_units),
         Policy.TRACE_PREFIX: (greedy.counts, greedy.fallback_units),
         Policy.TRACE_ROOT: (random, 0),
@@ -303,9 +305,9 @@ def test_only_trace_stage2_prices_continuations_in_turns(rule: PrefixRule) -> No
             rule.place(inputs)
 
 
-def test_trace_keeps_half_and_trace_shared_pools_everything() -> None:
+def test_trace_joint_keeps_half_and_trace_shared_pools_everything() -> None:
     sharing = {policy: rules.sharing for policy, rules in POLICIES.items() if rules.sharing is not None}
     assert sharing == {
-        Policy.TRACE: Sharing(kept=0.5, agreeing_depth=1),
+        Policy.TRACE_JOINT: Sharing(kept=0.5, agreeing_depth=1),
         Policy.TRACE_SHARED: Sharing(kept=0.0, agreeing_depth=None),
     }

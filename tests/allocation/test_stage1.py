@@ -283,9 +283,10 @@ def test_predictive_joint_value_is_the_integral_over_the_beta(
     integral = float((density * pointwise).sum())
     value = root_value(v, m, expansion=expansion, freshness=freshness, concentration=kappa)
     # Gauss–Jacobi is exact to degree 31; z₁^m has degree about m(1 + N) (stage1._BETA_NODES). Between
-    # degrees 64 and 128 errors up to 2.1e-5 occur (a peaked density, v near 0.99 and κ near 300).
+    # degrees 64 and 128 errors up to 2.1e-5 occur (a peaked density, v near 0.99 and κ near 300). The
+    # midpoint rule is itself off by up to about 1e-6 where the density is steep at an end of [0, 1].
     degree = m * (1 + expansion)
-    assert value == pytest.approx(integral, abs=5e-7 if degree <= 64 else 1e-4 if degree <= 128 else 2e-4)
+    assert value == pytest.approx(integral, abs=2e-6 if degree <= 64 else 1e-4 if degree <= 128 else 2e-4)
 
 
 @pytest.mark.parametrize(("v", "kappa"), [(0.5, 0.4), (0.2, 1.5), (0.9, 0.8)])

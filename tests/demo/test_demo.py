@@ -161,7 +161,7 @@ def test_a_service_that_refuses_the_demo_is_one_line(
         (
             ["--policies", "trace,foo"],
             "argument --policies: unknown policy 'foo'; the policies are trace, uniform, dapo, greso, pcl, "
-            "knapsack, treepo, trace_root, trace_prefix, trace_paper, trace_shared",
+            "knapsack, treepo, trace_root, trace_prefix, trace_paper, trace_joint, trace_shared",
         ),
         (["--steps", "0"], "steps must be at least 1, got 0"),
         (["--pool", "50", "--prompts", "40"], "pool (50) cannot exceed the simulated prompts (40)"),

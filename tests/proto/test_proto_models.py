@@ -66,6 +66,7 @@ def test_policies_are_the_documented_set() -> None:
         "trace_root",
         "trace_prefix",
         "trace_paper",
+        "trace_joint",
         "trace_shared",
     }
     for policy in Policy:

@@ -39,8 +39,8 @@ def test_allocate_expand_complete_export(service: ThreadedService) -> None:
         response = client.expand(bare)
         assert response.accepted == len(bare)
         assert not response.rejected
-        # Its bare rollouts disagree: under `trace` it keeps half its share and pools the rest.
-        kept = tree.expansion_budget // 2
+        # Under `trace` each tree spends its own share, whatever its bare rollouts show.
+        kept = tree.expansion_budget
         assert sum(i.count for i in response.instructions) == kept
         done = run_continuations(client, response.instructions, 1.0)
         assert done.completed == [tree.tree_id]
@@ -56,14 +56,14 @@ def test_allocate_expand_complete_export(service: ThreadedService) -> None:
         assert stats.steps[0].continuations_spent == kept
 
 
-def test_trace_pools_half_of_each_share_for_the_trees_whose_bare_rollouts_agree(
+def test_trace_joint_pools_half_of_each_share_for_the_trees_whose_bare_rollouts_agree(
     service: ThreadedService,
 ) -> None:
-    """Under `trace` a tree whose bare rollouts disagree keeps half its continuations and leaves the
-    rest; a tree whose bare rollouts agree draws them and branches from its rollouts' first turns only,
-    whatever the predictor makes of the deeper prefixes."""
+    """Under `trace_joint` a tree whose bare rollouts disagree keeps half its continuations and leaves
+    the rest; a tree whose bare rollouts agree draws them and branches from its rollouts' first turns
+    only, whatever the predictor makes of the deeper prefixes."""
     with TraceClient(service.url) as client:
-        first, second = client.allocate(two_prompts()).trees
+        first, second = client.allocate(two_prompts(Policy.TRACE_JOINT)).trees
         total = first.expansion_budget + second.expansion_budget
         mixed = [e for j in range(first.rollouts) for e in rollout(first.tree_id, None, 4, float(j % 2))]
         kept = client.expand(mixed).instructions

@@ -40,18 +40,22 @@ class Policy(StrEnum):
     spreads continuations evenly over the candidate prefixes; "random" Stage 2 places them at
     randomly chosen prefixes. `docs/allocation.md` describes each rule.
 
-    - `trace`: TRACE Stage 1 (maximise the expected number of mixed trees from the predictor,
-      counting the contrast the prompt's Stage 2 continuations will add, at the freshness learned
-      from earlier trees) and TRACE Stage 2 (branch where a continuation most likely flips the
-      observed outcome), with half of each tree's `expansion_budget` shared per allocation: every
-      tree keeps half (rounded down); a tree whose bare rollouts already disagree leaves the other
-      half to the trees whose bare rollouts agree, which may then ask for more than their own (never
-      more than the allocation's total) and branch from first turns only.
-    - `trace_paper`: the paper's TRACE: Stage 1 maximises the expected mixed groups of the bare
-      rollouts alone; TRACE Stage 2, each tree spending its own `expansion_budget`.
-    - `trace_shared`: `trace` sharing all of each tree's `expansion_budget`, at any depth: a tree
-      whose bare rollouts already disagree gets no continuations unless it decides last. The fewest
-      mixed prefixes inside a tree: for trainers that learn from whole groups.
+    - `trace` (the default): TRACE Stage 1 (maximise the expected number of mixed groups of the bare
+      rollouts, from the predictor; 0 skips a prompt) and TRACE Stage 2 (branch where a continuation
+      most likely flips the observed outcome), each tree spending its own `expansion_budget`. Chosen
+      by what a policy-gradient learner gains per generated token on held-out tasks.
+    - `trace_paper`: the paper's TRACE, the same rules as `trace` today; it keeps them if the default
+      moves.
+    - `trace_joint`: TRACE with Stage 1's joint objective (the expected mixed trees, counting the
+      contrast the prompt's Stage 2 continuations will add, at the freshness learned from earlier
+      trees), with half of each tree's `expansion_budget` shared per allocation: every tree keeps
+      half (rounded down); a tree whose bare rollouts already disagree leaves the other half to the
+      trees whose bare rollouts agree, which may then ask for more than their own (never more than
+      the allocation's total) and branch from first turns only. The most mixed groups; a learner
+      gained less from them per token than from `trace`.
+    - `trace_shared`: `trace_joint` sharing all of each tree's `expansion_budget`, at any depth: a
+      tree whose bare rollouts already disagree gets no continuations unless it decides last. The
+      fewest mixed prefixes inside a tree: for trainers that learn from whole groups.
     - `uniform`: uniform Stage 1 and uniform Stage 2 (the paper's uniform/uniform ablation; with
       `expansion = 0` it is plain GRPO).
     - `dapo`: DAPO-style dynamic sampling: uniform Stage 1; a tree whose bare rollouts all agree is
@@ -64,7 +68,7 @@ class Policy(StrEnum):
     - `knapsack`: Knapsack RL: the Stage 1 objective weighted by `p(1−p)²`, solved exactly; uniform
       Stage 2.
     - `treepo`: TreePO-style tree rollouts: uniform Stage 1, random Stage 2.
-    - `trace_root`: TRACE Stage 1 with random Stage 2 (ablation of Stage 2).
+    - `trace_root`: `trace`'s Stage 1 with random Stage 2 (ablation of Stage 2).
     - `trace_prefix`: uniform Stage 1 with TRACE Stage 2 (ablation of Stage 1).
     """
 
@@ -78,6 +82,7 @@ class Policy(StrEnum):
     TRACE_ROOT = "trace_root"
     TRACE_PREFIX = "trace_prefix"
     TRACE_PAPER = "trace_paper"
+    TRACE_JOINT = "trace_joint"
     TRACE_SHARED = "trace_shared"
 
 
@@ -88,6 +93,7 @@ PREDICTOR_POLICIES = frozenset(
         Policy.TRACE,
         Policy.TRACE_PAPER,
         Policy.TRACE_SHARED,
+        Policy.TRACE_JOINT,
         Policy.TRACE_ROOT,
         Policy.TRACE_PREFIX,
         Policy.PCL,

@@ -151,30 +151,33 @@ def _given(value: _Value | None, need: Need, rule: str) -> _Value:
 # --- Stage 1 rules ---------------------------------------------------------------------------------
 
 
-def _trace_roots(inputs: RootInputs) -> IntArray:
+def _joint_roots(inputs: RootInputs) -> IntArray:
     """TRACE Stage 1, the joint objective: ``max Σ_i V_root(Ṽ_i, m_i)`` with ``z₁ = v(1 − ρ(1 − v))^N``,
     ``z₀ = (1 − v)(1 − ρv)^N`` at the learned freshness ρ (``stage1``); with ``concentration``, V_root's
     expectation over each prompt's Beta belief (an ablation the service does not supply)."""
+    return allocate_roots(
+        _given(inputs.predicted, Need.ROOT_PREDICTIONS, "joint"),
+        inputs.budget,
+        min_rollouts=inputs.min_rollouts,
+        max_rollouts=inputs.max_rollouts,
+        max_prompts=inputs.max_prompts,
+        expansion=inputs.expansion,
+        freshness=_given(inputs.freshness, Need.FRESHNESS, "joint"),
+        concentration=inputs.concentration,
+    ).counts
+
+
+def _trace_roots(inputs: RootInputs) -> IntArray:
+    """TRACE Stage 1 as the paper has it: ``max Σ_i 1 − Ṽ_i^m_i − (1 − Ṽ_i)^m_i``, the expected mixed
+    groups of the bare rollouts (``stage1``); with ``concentration``, its expectation over each prompt's
+    Beta belief (an ablation the service does not supply)."""
     return allocate_roots(
         _given(inputs.predicted, Need.ROOT_PREDICTIONS, "trace"),
         inputs.budget,
         min_rollouts=inputs.min_rollouts,
         max_rollouts=inputs.max_rollouts,
         max_prompts=inputs.max_prompts,
-        expansion=inputs.expansion,
-        freshness=_given(inputs.freshness, Need.FRESHNESS, "trace"),
         concentration=inputs.concentration,
-    ).counts
-
-
-def _trace_paper_roots(inputs: RootInputs) -> IntArray:
-    """The paper's Stage 1: ``max Σ_i 1 − Ṽ_i^m_i − (1 − Ṽ_i)^m_i``, the bare rollouts' mixed groups."""
-    return allocate_roots(
-        _given(inputs.predicted, Need.ROOT_PREDICTIONS, "trace_paper"),
-        inputs.budget,
-        min_rollouts=inputs.min_rollouts,
-        max_rollouts=inputs.max_rollouts,
-        max_prompts=inputs.max_prompts,
     ).counts
 
 
@@ -302,8 +305,8 @@ class PrefixRule:
     place: Callable[[PrefixInputs], PrefixPlacement]
 
 
-TRACE_ROOTS = RootRule("trace", frozenset({Need.ROOT_PREDICTIONS, Need.FRESHNESS}), _trace_roots)
-TRACE_PAPER_ROOTS = RootRule("trace_paper", frozenset({Need.ROOT_PREDICTIONS}), _trace_paper_roots)
+JOINT_ROOTS = RootRule("joint", frozenset({Need.ROOT_PREDICTIONS, Need.FRESHNESS}), _joint_roots)
+TRACE_ROOTS = RootRule("trace", frozenset({Need.ROOT_PREDICTIONS}), _trace_roots)
 UNIFORM_ROOTS = RootRule("uniform", frozenset(), _uniform_roots, equal_groups=True)
 GRESO_ROOTS = RootRule(
     "greso", frozenset({Need.ZERO_VARIANCE_STREAKS, Need.RNG}), _greso_roots, equal_groups=True
@@ -317,9 +320,9 @@ EVEN_PREFIXES = PrefixRule("even", frozenset(), _even_prefixes)
 EVEN_IF_MIXED_PREFIXES = PrefixRule("even_if_mixed", frozenset({Need.BARE_OUTCOMES}), _even_if_mixed_prefixes)
 
 
-#: ``trace``'s sharing: a tree keeps half its continuations (contrast inside a mixed tree) and pools the
-#: rest; a tree whose bare rollouts agree branches from first turns (bench/README.md, "Half kept").
-TRACE_SHARING = Sharing(kept=0.5, agreeing_depth=1)
+#: ``trace_joint``'s sharing: a tree keeps half its continuations (contrast inside a mixed tree) and pools
+#: the rest; a tree whose bare rollouts agree branches from first turns.
+JOINT_SHARING = Sharing(kept=0.5, agreeing_depth=1)
 
 
 @dataclass(frozen=True)
@@ -346,9 +349,10 @@ class PolicyRules:
 
 POLICIES: Mapping[Policy, PolicyRules] = MappingProxyType(
     {
-        Policy.TRACE: PolicyRules(TRACE_ROOTS, TRACE_PREFIXES, sharing=TRACE_SHARING),
-        Policy.TRACE_PAPER: PolicyRules(TRACE_PAPER_ROOTS, TRACE_PREFIXES),
-        Policy.TRACE_SHARED: PolicyRules(TRACE_ROOTS, TRACE_PREFIXES, sharing=Sharing()),
+        Policy.TRACE: PolicyRules(TRACE_ROOTS, TRACE_PREFIXES),
+        Policy.TRACE_PAPER: PolicyRules(TRACE_ROOTS, TRACE_PREFIXES),
+        Policy.TRACE_JOINT: PolicyRules(JOINT_ROOTS, TRACE_PREFIXES, sharing=JOINT_SHARING),
+        Policy.TRACE_SHARED: PolicyRules(JOINT_ROOTS, TRACE_PREFIXES, sharing=Sharing()),
         Policy.TRACE_ROOT: PolicyRules(TRACE_ROOTS, RANDOM_PREFIXES),
         Policy.TRACE_PREFIX: PolicyRules(UNIFORM_ROOTS, TRACE_PREFIXES),
         Policy.UNIFORM: PolicyRules(UNIFORM_ROOTS, EVEN_PREFIXES),
