@@ -6,6 +6,7 @@ with arms that differ only in how the rollouts are allocated.
     python bench/learning.py --family math,toolcall --arms uniform,trace,oracle
     python bench/learning.py --tune-on math           # report only on the other families
     python bench/learning.py --arms uniform,trace,trace@global --turn-weight rollout   # ablations
+    python bench/learning.py --arms uniform,trace,trace+pilot --pilot-share 0.5         # a pilot wave
 
 Arms, each with its own copy of the policy θ (the family's initial policy) and its own service job:
   uniform        GRPO: R = M + ⌊M·N⌋ bare rollouts dealt evenly over the pool, no branching
@@ -35,7 +36,9 @@ fixed multiple of the true gradient). DAPO's arm trains on its mixed groups only
 is Adam (default) or plain SGD with `--lr`. Ablations: an arm `<arm>@<variant>` trains on a tree
 advantage of `bench.advantages` computed from the tree's rewards instead of the service's, and
 `--turn-weight rollout` averages over rollouts instead of turns (each tree weighs its scored leaves,
-shared alike among its turns), for every arm.
+shared alike among its turns), for every arm. An arm `<arm>+pilot` spends `--pilot-share` of M in a first
+allocation over the pool and the rest in a second, whose Stage 1 reads the first wave's outcomes in the
+prompts' history (two steps of its job per learning step; each wave's trees are their own groups).
 
 The horizon: uniform takes `--steps` steps. Under `--horizon turns` (the default) every other arm then
 steps on until it has generated as many turns as uniform did, at most twice the steps: a branching arm's
@@ -278,6 +281,9 @@ class Arm:
     oracle_of: Policy = Policy.TRACE
     #: The tree advantage it trains on: a `bench.advantages` name (arm `<arm>@<name>` on the command line).
     advantage: str = "service"
+    #: The share of M spent in a first wave over the pool, before the rest is allocated with the first
+    #: wave's outcomes in the prompts' history (arm `<arm>+pilot`; 0: one allocation per step).
+    pilot: float = 0.0
 
     @property
     def flat(self) -> bool:
@@ -291,9 +297,34 @@ class Arm:
         return self.policy is not None and POLICIES[self.policy].uses_predictor
 
     @property
+    def waves(self) -> list[int]:
+        """The bare rollouts of each allocation in a step: M at once, or the pilot's share of it first."""
+        pilot = round(self.pilot * self.budget)
+        return [pilot, self.budget - pilot] if 0 < pilot < self.budget else [self.budget]
+
+    @property
     def mixed_groups_only(self) -> bool:
         """DAPO's dynamic sampling keeps only the mixed groups for training."""
         return self.policy is not None and POLICIES[self.policy].keeps_only_mixed_groups
+
+
+#: An arm named `<arm>+pilot` allocates twice per step (`Arm.pilot`).
+PILOT_SUFFIX = "+pilot"
+
+
+def variant_arm(name: str, known: dict[str, Arm], pilot_share: float) -> Arm | None:
+    """The ablation `name` names, None when it names none: `<arm>@<advantage>` trains on another tree
+    advantage; `<arm>+pilot` (an arm of the service, after any `@<advantage>`) allocates in two waves."""
+    piloted = name.endswith(PILOT_SUFFIX)
+    base, _, advantage = name.removesuffix(PILOT_SUFFIX).partition("@")
+    arm = known.get(base)
+    if arm is None or base == UNIFORM or (advantage and advantage not in ADVANTAGES):
+        return None
+    if piloted and arm.policy is None:
+        return None
+    return replace(
+        arm, name=name, advantage=advantage or arm.advantage, pilot=pilot_share if piloted else 0.0
+    )
 
 
 def build_arms(bare: int, expansion: float) -> list[Arm]:
@@ -394,12 +425,36 @@ class ServiceArm(ArmRun):
         self.max_branch_depth = args.max_branch_depth
 
     async def step(self, step: int, pool: Sequence[Prompt]) -> StepOutcome:
-        assert self.arm.policy is not None
         self.workload.policy = self.theta
+        trees: list[FinishedTree] = []
+        waves = self.arm.waves
+        for wave, budget in enumerate(waves):
+            trees += await self.allocate_and_run(step * len(waves) + wave, budget, pool)
+        kept = [finished for finished in trees if finished.tree.mixed or not self.arm.mixed_groups_only]
+        turns = weighted_turns(
+            [
+                (
+                    service_tree_turns(self.workload, tree, flat=self.arm.flat, advantage=self.arm.advantage),
+                    sum(node.reward is not None for node in tree.tree.nodes),
+                )
+                for tree in kept
+            ],
+            self.turn_weight,
+        )
+        return StepOutcome(
+            turns=turns,
+            rollouts=sum(sum(node.reward is not None for node in finished.tree.nodes) for finished in trees),
+            turns_spent=sum(len(finished.tree.nodes) for finished in trees),
+            mixed=sum(finished.tree.mixed for finished in trees),
+            active=len(trees),
+        )
+
+    async def allocate_and_run(self, step: int, budget: int, pool: Sequence[Prompt]) -> list[FinishedTree]:
+        assert self.arm.policy is not None
         request = AllocateRequest(
             job=self.job,
             step=step,
-            budget=self.arm.budget,
+            budget=budget,
             expansion=self.arm.expansion,
             max_rollouts=self.max_rollouts,
             policy=self.arm.policy,
@@ -409,28 +464,7 @@ class ServiceArm(ArmRun):
         result = await self.driver.run_step(request)
         if result.timed_out:
             print(f"  {self.arm.name}: step {step} timed out; its open trees were closed", file=sys.stderr)
-        trees = [
-            finished for finished in result.trees if finished.tree.mixed or not self.arm.mixed_groups_only
-        ]
-        turns = weighted_turns(
-            [
-                (
-                    service_tree_turns(self.workload, tree, flat=self.arm.flat, advantage=self.arm.advantage),
-                    sum(node.reward is not None for node in tree.tree.nodes),
-                )
-                for tree in trees
-            ],
-            self.turn_weight,
-        )
-        return StepOutcome(
-            turns=turns,
-            rollouts=sum(
-                sum(node.reward is not None for node in finished.tree.nodes) for finished in result.trees
-            ),
-            turns_spent=sum(len(finished.tree.nodes) for finished in result.trees),
-            mixed=sum(finished.tree.mixed for finished in result.trees),
-            active=len(result.trees),
-        )
+        return list(result.trees)
 
     async def wait_for_training(self, patience: float) -> None:
         await wait_for_training(self.client, patience)
@@ -824,6 +858,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         f"`bench.advantages` variant ({', '.join(ADVANTAGES)})",
     )
     parser.add_argument(
+        "--pilot-share",
+        type=float,
+        default=0.5,
+        help=f"share of M an arm <policy>{PILOT_SUFFIX} spends in its first wave",
+    )
+    parser.add_argument(
         "--turn-weight", choices=TURN_WEIGHTS, default="turn", help="every turn alike, or every rollout"
     )
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adam", help="policy update")
@@ -854,12 +894,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         wanted = comma_list(args.arms)
         known = {arm.name: arm for arm in arms}
         for name in wanted:
-            base, _, variant = name.partition("@")
-            if variant and base in known and variant in ADVANTAGES and base != UNIFORM:
-                known[name] = replace(known[base], name=name, advantage=variant)
+            variant = variant_arm(name, known, args.pilot_share)
+            if variant is not None:
+                known[name] = variant
         unknown = [name for name in wanted if name not in known]
         if unknown:
-            parser.error(f"unknown arms {unknown}; choose from {', '.join(known)} (or <arm>@<variant>)")
+            parser.error(
+                f"unknown arms {unknown}; choose from {', '.join(known)} "
+                f"(or <arm>@<variant>, <arm>{PILOT_SUFFIX})"
+            )
         if UNIFORM not in wanted:
             wanted.insert(0, UNIFORM)  # every figure is relative to uniform
         arms = [known[name] for name in wanted]

@@ -17,10 +17,11 @@ def test_quick_run_reports_every_arm_and_saves_curves(
 ) -> None:
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed (scripts/test installs it)")
-    main(["--quick", "--family", "toolcall", "--arms", "uniform,trace,treepo,oracle", "--out", str(tmp_path)])
+    arms = "uniform,trace,trace+pilot,treepo,oracle"
+    main(["--quick", "--family", "toolcall", "--arms", arms, "--out", str(tmp_path)])
     output = capsys.readouterr().out
     summary = output[output.index("Summary") :]
-    for arm in ("uniform", "trace", "treepo", "oracle"):
+    for arm in ("uniform", "trace", "trace+pilot", "treepo", "oracle"):
         assert f"toolcall   {arm} " in summary
     assert "toolcall, seed 0: uniform's held-out success" in output
     assert (tmp_path / "learning-toolcall.png").stat().st_size > 0
