@@ -2,7 +2,7 @@
 # The verl side of a TRACE training step on a CPU, end to end: starts a trace-rollout service (embedded
 # store) on a free port, runs verl's agent-loop workers, TransferQueue, replay buffer, advantage step and
 # step metrics with the simulator generating the turns, and stops the service. Extra arguments go to the
-# dry run (--steps, --pool, --budget, --expansion, --seed).
+# dry run (--steps, --pool, --budget, --expansion, --seed, --mode colocate_async).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PATH="$PWD/.venv/bin:$PATH"

@@ -16,6 +16,8 @@ import pytest
 import torch
 from adapter_trees import finished_tree
 from hydra import compose, initialize_config_dir
+from hypothesis import given
+from hypothesis import strategies as st
 from omegaconf import DictConfig, OmegaConf
 from support import make_settings
 from transformers import AutoTokenizer
@@ -73,10 +75,10 @@ def verl_config() -> DictConfig:
     return compose_config("http://127.0.0.1:1")
 
 
-def compose_config(url: str, *extra: str, model_dir: Path | None = None) -> DictConfig:
+def compose_config(url: str, *extra: str, model_dir: Path | None = None, mode: str = "sync") -> DictConfig:
     import verl
 
-    overrides = [*integration.trace_overrides(url, expansion=1.0), *extra]
+    overrides = [*integration.trace_overrides(url, mode=mode, expansion=1.0), *extra]
     if model_dir is not None:
         overrides += [f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=vllm"]
     with initialize_config_dir(
@@ -263,22 +265,94 @@ def allocation_figures(prompts: int, skipped: int, version: int, brier: float | 
 
 def test_a_step_keeps_its_allocation_figures_until_the_replay_buffer_takes_them() -> None:
     board = trace_replay_buffer._AllocationBoard()
-    board.publish(1, allocation_figures(8, 2, version=1))
-    board.publish(2, allocation_figures(8, 4, version=2))
-    board.publish(2, allocation_figures(1, 0, version=3, brier=0.2))  # a refill in the same step
+    board.publish(1, allocation_figures(8, 2, version=1), groups=8)
+    board.publish(2, allocation_figures(8, 4, version=2), groups=8)
+    board.publish(2, allocation_figures(1, 0, version=3, brier=0.2), groups=1)  # a refill in the same step
+    board.publish(3, allocation_figures(8, 4, version=3), groups=8)  # dispatched ahead (asynchronous)
     taken = board.take(2)
-    assert taken is not None and board.take(1) is None  # an earlier step's figures went with it
+    assert taken is not None and board.take(1) is None  # an earlier step not taken yet goes with it
     assert board.take(2) is None  # once
     metrics = taken.metrics()
     assert {name: metrics[name] for name in ("trace/prompts", "trace/skipped_prompts")} == {
-        "trace/prompts": 9,
-        "trace/skipped_prompts": 4,
+        "trace/prompts": 17,
+        "trace/skipped_prompts": 6,
     }
-    assert (metrics["trace/bare_rollouts_promised"], metrics["trace/expected_mixed"]) == (10, 1.0)
+    assert (metrics["trace/bare_rollouts_promised"], metrics["trace/expected_mixed"]) == (22, 1.5)
     assert (metrics["trace/predictor/version"], metrics["trace/predictor/brier"]) == (3, 0.2)
     # quality figures not measured yet are left out: verl's logger takes numbers only
     assert "trace/predictor/ece" not in metrics
     assert set(metrics) <= set(integration.TRACE_METRICS)
+    # what an asynchronous sample's quota is made of: every allocation so far, taken or not
+    assert board.rollouts_per_group() == pytest.approx((12 + 8 + 2 + 8) / 25)
+
+
+@given(
+    groups=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 4)), min_size=0, max_size=12),
+    quota=st.floats(0.5, 30.0),
+)
+def test_a_sample_takes_the_oldest_groups_until_their_bare_rollouts_reach_its_quota(
+    groups: list[tuple[int, int]], quota: float
+) -> None:
+    steps = {f"g{k}": step for k, (step, _) in enumerate(groups)}
+    rollouts = {f"g{k}": n for k, (_, n) in enumerate(groups) if n}
+    chosen = trace_replay_buffer.groups_for_quota(set(steps), steps, rollouts, quota)
+    ordered = sorted(steps, key=lambda uid: (steps[uid], uid))
+    assert chosen == ordered[: len(chosen)]  # oldest first, as verl orders them
+    taken = sum(rollouts.get(uid, 0) for uid in chosen)
+    if sum(rollouts.values()) < quota:
+        assert chosen == ordered  # not enough yet: everything (the buffer waits instead)
+    else:
+        assert taken >= quota  # enough, and no group more than needed
+        assert sum(rollouts.get(uid, 0) for uid in chosen[:-1]) < quota
+
+
+def async_buffer(**overrides: Any) -> trace_replay_buffer.TraceReplayBufferAsync:
+    """The buffer as verl's trainer builds it for an asynchronous mode (no TransferQueue is touched)."""
+    arguments: dict[str, Any] = {
+        "trainer_mode": "colocate_async",
+        "trainer_config": {},
+        "max_off_policy_threshold": 8,
+        "max_off_policy_strategy": "drop",
+        "sampler_kwargs": {},
+        "refill_fn": lambda prompts: prompts,
+        **overrides,
+    }
+    return trace_replay_buffer.TraceReplayBufferAsync(**arguments)
+
+
+def finished_groups(buffer: Any, sessions: dict[str, int], step: int = 1) -> set[str]:
+    """Finished prompt groups with these bare rollouts (0: a prompt TRACE skipped), each session with a
+    bare path and a continuation, in the buffer's view of TransferQueue."""
+    for uid, count in sessions.items():
+        buffer.prompt_global_steps["train"][uid] = step
+        buffer.finished_keys["train"].add(uid)
+        for session in range(count):
+            for index in range(2):
+                buffer.partitions["train"][f"{uid}_{session}_{index}"] = {"global_steps": step}
+    return set(sessions)
+
+
+def test_an_async_sample_waits_for_its_share_of_bare_rollouts_and_skips_nothing_it_counts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    board = trace_replay_buffer._AllocationBoard()
+    monkeypatch.setattr(trace_replay_buffer, "ALLOCATIONS", board)
+    board.publish(1, allocation_figures(4, 2, version=1), groups=4)  # 4 bare rollouts over 4 groups
+    buffer = async_buffer()
+    skipped = finished_groups(buffer, {"a-skipped": 0, "b-skipped": 0})
+    assert not buffer._has_enough_samples(1, "train", 2, skipped)  # two groups, but nothing to train on
+    sampleable = skipped | finished_groups(buffer, {"c": 1})
+    assert not buffer._has_enough_samples(1, "train", 2, sampleable)  # 1 of the 2 bare rollouts due
+    sampleable |= finished_groups(buffer, {"d": 3})
+    assert buffer._has_enough_samples(1, "train", 2, sampleable)
+    chosen, _, _ = buffer._select_prompt_uids("train", sampleable, 2)
+    assert chosen == ["a-skipped", "b-skipped", "c", "d"]  # 4 bare rollouts where 2 were due
+    # the next sample makes up for it: its 2 are already taken, but a sample takes at least one
+    later = finished_groups(buffer, {"e": 2, "f": 2}, step=2)
+    assert buffer._quota(2) == 1.0
+    assert buffer._select_prompt_uids("train", later, 2)[0] == ["e"]
+    # validation batches are verl's, group for group
+    assert buffer._has_enough_samples(1, "val", 2, {"x", "y"})
 
 
 def test_a_predictor_the_service_cannot_describe_costs_the_figures_not_the_step(
@@ -308,13 +382,33 @@ def test_the_overrides_compose_with_verls_own_trainer_config(verl_config: DictCo
     assert load_extern_object(sampler.path, sampler.name) is integration.TraceReplayBuffer
     settings = integration.TraceSettings.from_config(verl_config)
     assert (settings.url, settings.expansion) == ("http://127.0.0.1:1", 1.0)
-    assert (
-        settings.step_budget(verl_config)
-        == verl_config.data.train_batch_size * verl_config.actor_rollout_ref.rollout.n
-    )
+    batch_size, n = verl_config.data.train_batch_size, verl_config.actor_rollout_ref.rollout.n
+    assert settings.batch_budget(verl_config, batch_size) == batch_size * n
     with pytest.raises(ValueError, match="unknown trace setting"):
         integration.trace_overrides(budgett=3)
+    with pytest.raises(ValueError, match="unknown trainer mode"):
+        integration.trace_overrides(mode="async")
     assert integration.trace_overrides(budget=None)[-1] == "++trace.budget=null"
+
+
+@pytest.mark.parametrize("mode", ["colocate_async", "separate_async"])
+def test_an_asynchronous_mode_samples_with_the_async_trace_buffer(mode: str) -> None:
+    config = compose_config("http://127.0.0.1:1", mode=mode)
+    assert config.trainer.v1.trainer_mode == mode
+    sampler = config.trainer.v1.sampler.custom_sampler
+    assert load_extern_object(sampler.path, sampler.name) is trace_replay_buffer.TraceReplayBufferAsync
+    assert config.trainer.v1[mode].num_warmup_batches == 1  # verl's own mode settings came along
+
+
+def test_a_batch_of_another_size_than_the_step_gets_its_share_of_the_budget(verl_config: DictConfig) -> None:
+    batch_size = verl_config.data.train_batch_size
+    for min_rollouts in (2, 4):
+        settings = integration.TraceSettings(budget=96, min_rollouts=min_rollouts)
+        assert settings.batch_budget(verl_config, batch_size) == 96
+        assert settings.batch_budget(verl_config, 2 * batch_size) == 192  # a warm-up batch and the step's
+        assert settings.batch_budget(verl_config, batch_size // 2) == 48
+        # a refill of one evicted group: at least a group's worth, so that it is not skipped outright
+        assert settings.batch_budget(verl_config, 1) == max(min_rollouts, round(96 / batch_size))
 
 
 def test_the_job_is_named_after_the_experiment_in_the_services_alphabet(verl_config: DictConfig) -> None:
@@ -359,7 +453,10 @@ def test_the_example_recipe_is_verls_config_with_trace_switched_on(byte_model: P
     ):
         assert OmegaConf.select(config, key) == OmegaConf.select(overridden, key), key
     settings = integration.TraceSettings.from_config(config)
-    assert (settings.url, settings.step_budget(config)) == ("http://trace:8000", 96)
+    assert (settings.url, settings.batch_budget(config, config.data.train_batch_size)) == (
+        "http://trace:8000",
+        96,
+    )
 
 
 def test_prompt_ids_stay_the_same_across_steps() -> None:
@@ -384,7 +481,9 @@ def test_a_batch_gets_per_prompt_rollout_counts_from_the_allocation(verl_config:
     )
     tu.assign_non_tensor_data(batch, "global_steps", 3)
     with ThreadedService.from_settings(idle_settings()) as live, TraceClient(live.url) as client:
-        config = compose_config(live.url, "++trace.budget=8", "++trace.job=verl-batch")
+        config = compose_config(
+            live.url, "++trace.budget=8", "++trace.job=verl-batch", f"data.train_batch_size={len(batch)}"
+        )
         allocation = integration.annotate_batch(batch, config, client)
     counts = batch[integration.ROLLOUT_N_FIELD].tolist()
     trees = {t.prompt.prompt_id: t.tree for t in allocation.tickets if t is not None}
@@ -605,3 +704,45 @@ def test_a_dry_run_steps_metrics_hold_the_trace_figures_of_its_trees(dry_run_ste
     # carries are the ones a sync step generates with (no staleness)
     assert metrics["training/global_step"] == 1 and "response_length/mean" in metrics
     assert metrics["training/off_policy/trajectory_staleness/max"] == 0
+
+
+@pytest.fixture(scope="module")
+def async_dry_run_steps() -> list[dry_run.StepReport]:
+    with ThreadedService.from_settings(idle_settings()) as live:
+        options = dry_run.DryRunOptions(
+            url=live.url, pool=12, budget=12, expansion=1.0, prompts=48, seed=5, mode="colocate_async"
+        )
+        with dry_run.dry_run(options) as run:
+            return [run.step(step) for step in (1, 2, 3)]
+
+
+@pytest.mark.slow
+def test_an_async_dry_run_trains_each_step_on_its_share_of_the_budget(
+    async_dry_run_steps: list[dry_run.StepReport],
+) -> None:
+    first = async_dry_run_steps[0]
+    # the warm-up batch and the step's own, each allocated the step's budget, before the first sample
+    assert len(first.rollout_n) == 24 and sum(first.rollout_n.values()) == 24
+    assert first.metrics["trace/prompts"] == 24
+    assert all(sum(report.rollout_n.values()) == 12 for report in async_dry_run_steps[1:])
+    taken = 0
+    for step, report in enumerate(async_dry_run_steps, start=1):
+        bare = sum(dry_run.sessions_per_uid(report.keys).values())
+        assert bare == report.metrics["trace/bare_rollouts"] > 0
+        taken += bare
+        # each sample's share, a group that overshoots one share made up by the next (at most 16 each)
+        assert abs(taken - 12 * step) <= 16
+        assert all("trace_tree_id" in fields for fields in report.fields)
+        assert report.metrics["training/global_step"] == step
+
+
+@pytest.mark.slow
+def test_an_async_dry_run_trains_on_trees_generated_while_earlier_steps_trained(
+    async_dry_run_steps: list[dry_run.StepReport],
+) -> None:
+    # the simulator's turns bypass verl's server, so a tree's weights are those of the step before its
+    # dispatch: the warm-up batch's trees, trained at step 2, are one version old
+    staleness = [
+        report.metrics["training/off_policy/trajectory_staleness/max"] for report in async_dry_run_steps
+    ]
+    assert staleness[0] == 0 and max(staleness[1:]) >= 1

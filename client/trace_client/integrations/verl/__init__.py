@@ -1,10 +1,13 @@
-"""TRACE in verl's v1 trainer (`trainer.use_v1: true`, verl 0.9.1): the stock `PPOTrainerSync.fit` trains
-on TRACE's trees with TRACE's per-turn advantages, and logs TRACE's figures with its own.
+"""TRACE in verl's v1 trainer (`trainer.use_v1: true`, verl 0.9.1): the stock trainer, in any of its modes
+(`sync`, `colocate_async`, `separate_async`), trains on TRACE's trees with TRACE's per-turn advantages,
+and logs TRACE's figures with its own.
 
 What is registered, and where verl calls it:
 
 1. `TraceAgentLoopManager` (`actor_rollout_ref.rollout.agent.agent_loop_manager_class`). The trainer
-   hands it each step's prompt batch; it sends the batch to `/v1/allocate` as the pool, with a stable
+   hands it every prompt batch it dispatches (a step's, and in the asynchronous modes the warm-up
+   batches and the refills of evicted groups); it sends the batch to `/v1/allocate` as the pool, with its
+   share of the step's budget and a stable
    `prompt_id` per row (verl's `uid` is new every step, so it cannot key the predictor), and sets each
    row's `__rollout_n__` (verl's per-prompt rollout count) to the tree's bare rollouts, 0 for a prompt
    TRACE skipped. The row's `agent_name` becomes `trace` and the tree's allocation travels with it.
@@ -18,12 +21,13 @@ What is registered, and where verl calls it:
    the same), and counted in `extra_fields["trace_truncated"]`.
 3. `TraceReplayBuffer` (`trainer.v1.sampler.custom_sampler`, in `replay_buffer`): verl's sync replay
    buffer, which also returns TRACE's figures with the batch (verl logs them under `trace/`) and names
-   each sampled row by its TransferQueue key in the row's `uid`.
+   each sampled row by its TransferQueue key in the row's `uid`; `TraceReplayBufferAsync` is the same
+   over verl's asynchronous buffer (staleness control, refills), for the asynchronous modes.
 4. The advantage estimator `trace` (`algorithm.adv_estimator: trace`), registered with verl's estimator
    registry when this module is imported: verl passes it the rows' `uid` as `index`, and it returns
    each row's `trace_advantages`, so the actor trains on exactly the tree's advantages.
 
-`trace_overrides()` gives the Hydra overrides that switch this on; `TraceSettings` documents the
+`trace_overrides(mode=...)` gives the Hydra overrides that switch this on; `TraceSettings` documents the
 `trace.*` keys. The default turn is a chunk of at most `trace.turn_tokens` generated tokens (so a
 single-answer task still gets branch points inside its answer) scored by verl's reward function
 (`reward.custom_reward_function`, else verl's rule-based `default_compute_score`); override
@@ -73,6 +77,7 @@ from trace_client.integrations.verl.replay_buffer import (
     TRUNCATED_FIELD,
     AllocationFigures,
     TraceReplayBuffer,
+    TraceReplayBufferAsync,
 )
 from trace_proto import (
     AllocateRequest,
@@ -103,6 +108,12 @@ WEIGHTS_FIELDS: Final = ("min_global_steps", "max_global_steps")
 MAX_JOB_LENGTH: Final = 128
 #: The agent-loop registry file shipped with this package (verl's `agent_loop_config_path`).
 AGENT_LOOPS_FILE: Final = "agent_loops.yaml"
+#: verl's v1 trainer modes (`trainer.v1.trainer_mode`) and the replay buffer TRACE samples with in each.
+SAMPLERS: Final[Mapping[str, type[TraceReplayBuffer]]] = {
+    "sync": TraceReplayBuffer,
+    "colocate_async": TraceReplayBufferAsync,
+    "separate_async": TraceReplayBufferAsync,
+}
 
 
 # --- the advantage estimator ---------------------------------------------------------------------------
@@ -165,7 +176,9 @@ class TraceSettings:
         url: The trace-rollout service.
         token: Its bearer token, if it needs one (else the client reads `TRACE_TOKEN`).
         job: The service's job name (default: `trainer.experiment_name`, made a valid job name).
-        budget: Bare rollouts per step (default: `data.train_batch_size × rollout.n`, GRPO's count).
+        budget: Bare rollouts per step (default: `data.train_batch_size × rollout.n`, GRPO's count); a
+            batch of another size than `data.train_batch_size` (an asynchronous trainer's warm-up or
+            refill) gets its share, at least `min_rollouts`.
         expansion: Stage 2 continuations per bare rollout a prompt may branch.
         policy: `trace` or `uniform` (the same budget spread evenly: the baseline).
         min_rollouts / max_rollouts: Bare rollouts of a selected prompt.
@@ -220,10 +233,15 @@ class TraceSettings:
         cleaned = "".join(c if c.isascii() and (c.isalnum() or c in "_.-") else "-" for c in name)
         return ("verl-" + cleaned if not cleaned[0].isalnum() else cleaned)[:MAX_JOB_LENGTH]
 
-    def step_budget(self, config: DictConfig) -> int:
-        if self.budget is not None:
-            return self.budget
-        return int(config.data.train_batch_size) * int(config.actor_rollout_ref.rollout.n)
+    def batch_budget(self, config: DictConfig, prompts: int) -> int:
+        """The bare rollouts of a batch of `prompts` rows: the step's budget, pro rata."""
+        train_batch_size = int(config.data.train_batch_size)
+        step = self.budget
+        if step is None:
+            step = train_batch_size * int(config.actor_rollout_ref.rollout.n)
+        if prompts == train_batch_size:
+            return step
+        return max(self.min_rollouts, round(step * prompts / train_batch_size))
 
     def driver_config(self) -> DriverConfig:
         return DriverConfig(
@@ -236,20 +254,26 @@ def agent_loops_file() -> str:
     return str(resources.files(__package__).joinpath(AGENT_LOOPS_FILE))
 
 
-def trace_overrides(url: str = "http://localhost:8000", **settings: object) -> list[str]:
-    """The Hydra overrides for `python -m verl.trainer.main_ppo` that train with TRACE.
+def trace_overrides(
+    url: str = "http://localhost:8000", *, mode: str = "sync", **settings: object
+) -> list[str]:
+    """The Hydra overrides for `python -m verl.trainer.main_ppo` that train with TRACE in verl's trainer
+    mode `mode` (`sync`, `colocate_async` or `separate_async`).
 
     `settings` are further `trace.*` keys (see `TraceSettings`), e.g. `expansion=1.0`.
     """
+    if mode not in SAMPLERS:
+        raise ValueError(f"unknown trainer mode {mode!r}; verl's v1 trainer has {sorted(SAMPLERS)}")
     known = {item.name for item in fields(TraceSettings)}
     for name in settings:
         if name not in known:
             raise ValueError(f"unknown trace setting {name!r}")
+    sampler = SAMPLERS[mode]
     overrides = [
         "trainer.use_v1=true",
-        "trainer.v1.trainer_mode=sync",
-        f"trainer.v1.sampler.custom_sampler.path=pkg://{TraceReplayBuffer.__module__}",
-        f"trainer.v1.sampler.custom_sampler.name={TraceReplayBuffer.__name__}",
+        f"trainer.v1.trainer_mode={mode}",
+        f"trainer.v1.sampler.custom_sampler.path=pkg://{sampler.__module__}",
+        f"trainer.v1.sampler.custom_sampler.name={sampler.__name__}",
         f"algorithm.adv_estimator={TRACE}",
         "algorithm.use_kl_in_reward=false",
         f"++actor_rollout_ref.rollout.agent.agent_loop_manager_class={__name__}.TraceAgentLoopManager",
@@ -335,7 +359,7 @@ class BatchAllocation:
 
 
 def allocate_batch(batch: TensorDict, config: DictConfig, client: TraceClient, step: int) -> BatchAllocation:
-    """Allocate one step with the batch's prompts as the pool."""
+    """Allocate the batch's share of its step's budget with the batch's prompts as the pool."""
     settings = TraceSettings.from_config(config)
     rows = [_row(batch, i) for i in range(len(batch))]
     ids = [stable_prompt_id(row, settings.prompt_id_key) for row in rows]
@@ -345,7 +369,7 @@ def allocate_batch(batch: TensorDict, config: DictConfig, client: TraceClient, s
     request = AllocateRequest(
         job=settings.job_name(config),
         step=step,
-        budget=settings.step_budget(config),
+        budget=settings.batch_budget(config, len(rows)),
         expansion=settings.expansion,
         min_rollouts=settings.min_rollouts,
         max_rollouts=settings.max_rollouts,
@@ -364,7 +388,7 @@ def allocate_batch(batch: TensorDict, config: DictConfig, client: TraceClient, s
 
 
 class TraceAgentLoopManager(AgentLoopManagerTQ):
-    """verl's TransferQueue agent-loop manager, with one TRACE allocation per training step.
+    """verl's TransferQueue agent-loop manager, with one TRACE allocation per prompt batch it dispatches.
 
     Validation batches pass through unchanged (they run the configured default agent loop).
     """
@@ -384,7 +408,7 @@ class TraceAgentLoopManager(AgentLoopManagerTQ):
             # v1's manager returns nothing to the trainer: the step's figures reach verl's metrics
             # through the replay buffer (see `replay_buffer`)
             figures = AllocationFigures.of(allocation.response, self.predictor_info())
-            ALLOCATIONS.publish(allocation.response.step, figures)
+            ALLOCATIONS.publish(allocation.response.step, figures, groups=len(allocation.prompt_ids))
         super().generate_sequences(prompts)
 
     def predictor_info(self) -> PredictorInfo | None:
@@ -722,6 +746,7 @@ __all__ = [
     "TraceAgentLoopManager",
     "TraceAgentLoopOutput",
     "TraceReplayBuffer",
+    "TraceReplayBufferAsync",
     "TraceSettings",
     "TreeTicket",
     "allocate_batch",

@@ -5,13 +5,20 @@ What runs for real: verl's Hydra config (`ppo_trainer` with `trace_overrides()`)
 with TransferQueue, `TraceAgentLoopManager` creating verl's `AgentLoopWorkerTQ` actors (which load a
 byte-level tokenizer written to a temporary model directory, since nothing can be downloaded), verl's
 per-prompt `__rollout_n__` sessions, the registered agent loop `trace_sim` (`SimTraceAgentLoop`), the
-outputs in TransferQueue, `TraceReplayBuffer.sample` (verl's sync `ReplayBuffer`), and the trainer's
+outputs in TransferQueue, the replay buffer verl loads for the trainer mode (`TraceReplayBuffer`, or
+`TraceReplayBufferAsync` over verl's `ReplayBufferAsync`) with its `sample` calls, and the trainer's
 `PPOTrainer._compute_advantage` with the `trace` estimator and `PPOTrainer._compute_metrics`, with the
 step's metrics gathered as `PPOTrainer.step` gathers them. What does not: the FSDP actor, reference and
 critic workers (log-probabilities and the update need a model on an accelerator), so a step ends with
 the advantages the actor would train on and the metrics verl would log, less the actor's own.
 
+In an asynchronous mode (`--mode colocate_async` or `separate_async`) the schedule is the trainer's:
+`num_warmup_batches` batches are dispatched before the first step and one batch at each step, a step
+samples its groups oldest first (in `parameter_sync_step` parts under `separate_async`) while later
+batches are still generating, and a group the buffer evicts is refilled with a fresh prompt.
+
     python -m trace_client.integrations.verl.dry_run --url http://127.0.0.1:8000 --steps 3
+    python -m trace_client.integrations.verl.dry_run --url http://127.0.0.1:8000 --mode colocate_async
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 import tempfile
 import time
 import uuid
@@ -36,6 +44,7 @@ import transfer_queue as tq
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from tensordict import TensorDict
+from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.metric_utils import RolloutMoELoadBalanceMetricsAccumulator
 from verl.trainer.ppo.v1 import PPOTrainer
 from verl.trainer.ppo.v1.utils import MetricsAggregator
@@ -44,9 +53,9 @@ from verl.utils import tensordict_utils as tu
 from trace_client.driver import History, TurnResult, TurnTokens
 from trace_client.integrations.verl import (
     ROLLOUT_N_FIELD,
+    SAMPLERS,
     TraceAgentLoop,
     TraceAgentLoopManager,
-    TraceReplayBuffer,
     trace_overrides,
 )
 from trace_lab.sim import SimConfig, SimWorkload
@@ -138,6 +147,7 @@ class DryRunOptions:
     seed: int = 0
     response_length: int = 8192
     job: str | None = None
+    mode: str = "sync"  # verl's trainer.v1.trainer_mode
 
 
 def dry_run_config(options: DryRunOptions, model_dir: Path) -> DictConfig:
@@ -148,6 +158,7 @@ def dry_run_config(options: DryRunOptions, model_dir: Path) -> DictConfig:
     overrides = [
         *trace_overrides(
             options.url,
+            mode=options.mode,
             job=job,
             budget=options.budget,
             expansion=options.expansion,
@@ -174,7 +185,7 @@ class StepReport:
     """One dry-run step: what the allocation asked of verl and what reached the update."""
 
     step: int
-    rollout_n: dict[str, int]  # uid -> the sessions verl ran for it (0: skipped)
+    rollout_n: dict[str, int]  # uid -> sessions verl ran for it (0: skipped), of the step's dispatches
     keys: list[str]  # TransferQueue keys of the sampled trajectories, `{uid}_{session}_{index}`
     advantages: list[list[float]]  # per key: the advantages the actor would train on (response tokens)
     fields: list[dict[str, Any]]  # per key: `extra_fields` (trace_reward, trace_tree_id, trace_leaf_id, ...)
@@ -208,18 +219,24 @@ class DryRun:
         self.manager = TraceAgentLoopManager.create(
             config=self.config, llm_client=None, teacher_client=None, reward_loop_worker_handles=None
         )
-        self.replay_buffer = TraceReplayBuffer(
-            trainer_mode="sync",
-            trainer_config=self.config.trainer.v1.get("sync", {}),
-            max_off_policy_threshold=self.config.trainer.v1.sampler.max_off_policy_threshold,
-            max_off_policy_strategy=self.config.trainer.v1.sampler.max_off_policy_strategy,
-            sampler_kwargs=self.config.trainer.v1.sampler.sampler_kwargs,
+        mode = options.mode
+        self.mode_config = self.config.trainer.v1.get(mode, {})
+        self.dispatched = 0  # prompt batches sent so far (each draws the next slice of the workload)
+        self.step_number = 0
+        self.rollout_n: dict[str, int] = {}  # the prompts dispatched during the current step
+        sampler = self.config.trainer.v1.sampler
+        self.replay_buffer = SAMPLERS[mode](
+            trainer_mode=mode,
+            trainer_config=self.mode_config,
+            max_off_policy_threshold=sampler.max_off_policy_threshold,
+            max_off_policy_strategy=sampler.max_off_policy_strategy,
+            sampler_kwargs=sampler.sampler_kwargs,
             poll_interval=0.2,
-            refill_fn=None,
+            refill_fn=None if mode == "sync" else self.dispatch,
             filter_groups_metric=None,
             sync_refill_failed_groups=False,
             train_batch_size=options.pool,
-            gen_batch_size=options.pool,
+            gen_batch_size=options.pool if mode == "sync" else 1,
             max_inflight_gen_batches=1,
         )
         # what the trainer's `_compute_advantage` and `_compute_metrics` read of it: they run as verl's
@@ -233,62 +250,81 @@ class DryRun:
             _get_n_gpus_for_throughput=lambda: 1,
         )
 
-    def batch(self, step: int) -> TensorDict:
-        """Step `step`'s prompts as verl's dataloader and `_next_train_batch` make them."""
-        prompts = self.workload.epoch_pool(step, self.options.pool)
+    def batch(self, prompts: int) -> TensorDict:
+        """The next `prompts` prompts as verl's dataloader and `_next_train_batch` make them, tagged with
+        the current step."""
+        pool = self.workload.epoch_pool(self.dispatched, self.options.pool)[:prompts]
+        self.dispatched += 1
         batch = tu.get_tensordict(
             {
-                "raw_prompt": [[{"role": "user", "content": p.text}] for p in prompts],
-                "data_source": [DATA_SOURCE] * len(prompts),
-                "index": [p.prompt_id for p in prompts],
-                "reward_model": [{"ground_truth": None}] * len(prompts),
-                "uid": [str(uuid.uuid4()) for _ in prompts],
+                "raw_prompt": [[{"role": "user", "content": p.text}] for p in pool],
+                "data_source": [DATA_SOURCE] * len(pool),
+                "index": [p.prompt_id for p in pool],
+                "reward_model": [{"ground_truth": None}] * len(pool),
+                "uid": [str(uuid.uuid4()) for _ in pool],
             }
         )
-        tu.assign_non_tensor_data(batch, "global_steps", step)
+        tu.assign_non_tensor_data(batch, "global_steps", self.step_number)
         return batch
+
+    def dispatch(self, prompts: int) -> int:
+        """Register `prompts` new prompts in TransferQueue and hand them to the manager, as the trainer's
+        `_submit_batch_to_rollout` does (also the async buffer's refill)."""
+        batch = self.batch(prompts)
+        uids = list(batch["uid"])
+        tags = [{"is_prompt": True, "status": "pending", "global_steps": self.step_number} for _ in uids]
+        tq.kv_batch_put(keys=uids, partition_id="train", tags=tags)
+        self.manager.generate_sequences(batch)  # allocates, then verl's workers run the sessions
+        self.rollout_n.update(zip(uids, batch[ROLLOUT_N_FIELD].tolist(), strict=True))
+        return len(uids)
 
     def step(self, step: int) -> StepReport:
         started = time.monotonic()
         timing: dict[str, float] = {}
-        batch = self.batch(step)
-        uids = list(batch["uid"])
-        tags = [{"is_prompt": True, "status": "pending", "global_steps": step} for _ in uids]
-        tq.kv_batch_put(keys=uids, partition_id="train", tags=tags)
-        self.manager.generate_sequences(batch)  # allocates, then verl's workers run the sessions
-        rollout_n = dict(zip(uids, batch[ROLLOUT_N_FIELD].tolist(), strict=True))
-        # as `PPOTrainer.step` and `_step_once` gather a step's metrics (one update per step in sync mode)
-        iteration: dict[str, Any] = {}
-        sampled, sampler_metrics = self.replay_buffer.sample(
-            global_steps=step, partition_id="train", batch_size=len(uids)
-        )
-        iteration.update(sampler_metrics)
-        timing["gen"] = time.monotonic() - started
-        view: Any = self.trainer_view  # the trainer's own methods, on what they read of the trainer
-        sampled = PPOTrainer._compute_advantage(view, sampled, metrics=iteration)
-        timing["adv"] = time.monotonic() - started - timing["gen"]
+        self.step_number = step
+        self.rollout_n = {}
+        if self.options.mode != "sync" and self.dispatched == 0:
+            warmup = float(self.mode_config.get("num_warmup_batches", 0))
+            if warmup > 0:
+                self.dispatch(math.floor(warmup * self.options.pool))
+        self.dispatch(self.options.pool)
+        # as `PPOTrainer.step` and `_step_once` gather a step's metrics: one sample per update
+        updates = int(self.mode_config.get("parameter_sync_step", 1)) if self.options.mode != "sync" else 1
         aggregator = MetricsAggregator()
-        aggregator.add_step_metrics(iteration, sample_count=len(sampled.keys))
+        keys: list[str] = []
+        tags: list[dict[str, Any]] = []
+        view: Any = self.trainer_view  # the trainer's own methods, on what they read of the trainer
+        for _ in range(updates):
+            iteration: dict[str, Any] = {}
+            sampled, sampler_metrics = self.replay_buffer.sample(
+                global_steps=step, partition_id="train", batch_size=self.options.pool // updates
+            )
+            iteration.update(sampler_metrics)
+            timing["gen"] = time.monotonic() - started
+            sampled = PPOTrainer._compute_advantage(view, sampled, metrics=iteration)
+            aggregator.add_step_metrics(iteration, sample_count=len(sampled.keys))
+            keys += sampled.keys
+            tags += sampled.tags
         metrics = aggregator.get_aggregated_metrics()
         timing["step"] = time.monotonic() - started
-        PPOTrainer._compute_metrics(view, sampled, metrics, timing, global_steps=step, epoch=0)
+        batch = KVBatchMeta(partition_id="train", keys=keys, tags=tags)
+        PPOTrainer._compute_metrics(view, batch, metrics, timing, global_steps=step, epoch=0)
         data = tq.kv_batch_get(
-            keys=sampled.keys,
-            partition_id=sampled.partition_id,
+            keys=keys,
+            partition_id="train",
             select_fields=["advantages", "rm_scores", "response_mask", "extra_fields"],
         )
         report = StepReport(
             step=step,
-            rollout_n=rollout_n,
-            keys=list(sampled.keys),
+            rollout_n=self.rollout_n,
+            keys=keys,
             advantages=[row.tolist() for row in data["advantages"].unbind(0)],
             fields=list(data["extra_fields"]),
             rm_scores=[row.tolist() for row in data["rm_scores"].unbind(0)],
             loss_masks=[row.tolist() for row in data["response_mask"].unbind(0)],
             metrics=metrics,
         )
-        tq.kv_clear(keys=sampled.keys, partition_id=sampled.partition_id)
-        tq.kv_clear(keys=uids, partition_id="train")
+        tq.kv_clear(keys=keys, partition_id="train")
         return report
 
     def close(self) -> None:
@@ -320,11 +356,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--budget", type=int, default=DryRunOptions.budget, help="bare rollouts per step")
     parser.add_argument("--expansion", type=float, default=DryRunOptions.expansion)
     parser.add_argument("--seed", type=int, default=DryRunOptions.seed)
+    parser.add_argument(
+        "--mode", choices=sorted(SAMPLERS), default=DryRunOptions.mode, help="verl's trainer mode"
+    )
     args = parser.parse_args(argv)
     # TransferQueue warns, per call, that it caps its threads at the machine's cores
     logging.getLogger("transfer_queue.utils.common").setLevel(logging.ERROR)
     options = DryRunOptions(
-        url=args.url, pool=args.pool, budget=args.budget, expansion=args.expansion, seed=args.seed
+        url=args.url,
+        pool=args.pool,
+        budget=args.budget,
+        expansion=args.expansion,
+        seed=args.seed,
+        mode=args.mode,
     )
     started = time.monotonic()
     with dry_run(options) as run:

@@ -1,11 +1,14 @@
-"""verl's sync replay buffer with TRACE's figures: `TraceReplayBuffer` (`trainer.v1.sampler.custom_sampler`).
+"""verl's replay buffers with TRACE's figures: `TraceReplayBuffer` for the sync trainer and
+`TraceReplayBufferAsync` for the asynchronous ones (`trainer.v1.sampler.custom_sampler`).
 
 verl's v1 trainer logs, per step, the `metrics` dict its `_step_once` fills; the one thing a trainer
 configuration can plug into that dict is the replay buffer, whose `sample` returns `(batch, metrics)`
 and whose metrics the trainer merges into the step's (verl 0.9.1, `PPOTrainer._step_once`). The
 agent-loop manager returns nothing to the trainer in v1 (`generate_sequences` only dispatches), so the
-manager leaves its allocation's figures here, per step, and the replay buffer adds them to the figures
+manager leaves its allocations' figures here, by step, and the replay buffer adds them to the figures
 of the trajectories it hands the trainer. Everything is logged under `trace/` (see `TRACE_METRICS`).
+In the asynchronous modes the two describe different prompts: the allocations made since the last
+sample, and the trees (allocated earlier, while older weights generated) that the step trains on.
 
 The replay buffer also names each sampled row: it writes the row's TransferQueue key into the row's
 `uid` field. verl hands the rows' `uid` to the advantage estimator as `index`, and that is how the
@@ -15,13 +18,14 @@ The replay buffer also names each sampled row: it writes the row's TransferQueue
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import transfer_queue as tq
 from transfer_queue import KVBatchMeta
-from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 from verl.utils import tensordict_utils as tu
 
 from trace_proto import AllocateResponse, PredictorInfo
@@ -82,7 +86,7 @@ class AllocationFigures:
         )
 
     def plus(self, other: AllocationFigures) -> AllocationFigures:
-        """Two allocations of one step (verl refills a failed group with a new prompt batch)."""
+        """Two allocations logged with one step (verl's refills and warm-up batches), `other` the later."""
         return replace(
             other,
             prompts=self.prompts + other.prompts,
@@ -117,24 +121,37 @@ class AllocationFigures:
 
 
 class _AllocationBoard:
-    """The manager's figures per training step, until the replay buffer samples that step. Both live in
-    verl's trainer process (`TaskRunnerV1` creates the manager and the trainer that owns the buffer)."""
+    """The manager's figures per training step, until the replay buffer samples. Both live in verl's
+    trainer process (`TaskRunnerV1` creates the manager and the trainer that owns the buffer)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._steps: dict[int, AllocationFigures] = {}
+        self._groups = 0  # verl's prompt groups (batch rows) allocated so far
+        self._bare_rollouts = 0  # and their bare rollouts
 
-    def publish(self, step: int, figures: AllocationFigures) -> None:
+    def publish(self, step: int, figures: AllocationFigures, groups: int) -> None:
+        """An allocation of `groups` batch rows (a prompt the batch repeats is a row of its own)."""
         with self._lock:
             earlier = self._steps.get(step)
             self._steps[step] = figures if earlier is None else earlier.plus(figures)
+            self._groups += groups
+            self._bare_rollouts += figures.bare_rollouts
+
+    def rollouts_per_group(self) -> float:
+        """Bare rollouts allocated per dispatched group so far: the step's budget over its batch size."""
+        with self._lock:
+            return self._bare_rollouts / self._groups if self._groups else 0.0
 
     def take(self, step: int) -> AllocationFigures | None:
-        """This step's figures, once; figures of earlier steps are dropped (their step is over)."""
+        """The figures published for this step and any earlier one not taken yet, once: an allocation
+        made after its step's sample (an asynchronous trainer's refill) is logged with the next."""
         with self._lock:
-            for old in [s for s in self._steps if s < step]:
-                del self._steps[old]
-            return self._steps.pop(step, None)
+            taken = None
+            for due in sorted(s for s in self._steps if s <= step):
+                figures = self._steps.pop(due)
+                taken = figures if taken is None else taken.plus(figures)
+            return taken
 
 
 ALLOCATIONS: Final = _AllocationBoard()
@@ -187,10 +204,80 @@ class TraceReplayBuffer(ReplayBuffer):
         return batch, {**metrics, **figures}
 
 
+class TraceReplayBufferAsync(TraceReplayBuffer, ReplayBufferAsync):
+    """verl's `ReplayBufferAsync` (the `colocate_async` and `separate_async` trainers) with what
+    `TraceReplayBuffer` adds. Staleness control, refills of evicted groups and the order (oldest
+    dispatch first) are verl's; what fills a sample is TRACE's.
+
+    verl fills a sample with `batch_size` groups, each of `rollout.n` rollouts. TRACE's groups differ
+    in size, and a prompt TRACE skipped is a group without trajectories that finishes at once, so
+    counting groups would fill early samples with empty ones. A sample instead takes finished groups,
+    oldest first, until the bare rollouts taken since the first sample reach the step's budget pro
+    rata (`batch_size` × the bare rollouts allocated per dispatched prompt), as much as the trainer
+    dispatches: skipped prompts go with the groups around them, and a group that overshoots one sample's
+    share is made up by the next.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._due = 0.0  # bare rollouts the samples so far were to take
+        self._taken = 0  # bare rollouts they took
+
+    def _has_enough_samples(
+        self, global_steps: int, partition_id: str, batch_size: int, sampleable_keys: set[str]
+    ) -> bool:
+        if partition_id != TRAIN_PARTITION:
+            return super()._has_enough_samples(global_steps, partition_id, batch_size, sampleable_keys)
+        # verl's own check with no group count: what is left is its wait for stale prompts in flight
+        unblocked = super()._has_enough_samples(global_steps, partition_id, 0, sampleable_keys)
+        rollouts = self._bare_rollouts(partition_id)
+        return unblocked and sum(rollouts.get(uid, 0) for uid in sampleable_keys) >= self._quota(batch_size)
+
+    def _select_prompt_uids(
+        self, partition_id: str, sampleable_keys: set[str], batch_size: int
+    ) -> tuple[list[str], dict[str, dict[Any, Any]], dict[str, int]]:
+        selected, partition, steps = super()._select_prompt_uids(partition_id, sampleable_keys, batch_size)
+        if partition_id != TRAIN_PARTITION:
+            return selected, partition, steps
+        rollouts = self._bare_rollouts(partition_id)
+        quota = self._quota(batch_size)
+        selected = groups_for_quota(sampleable_keys, steps, rollouts, quota)
+        self._due += quota
+        self._taken += sum(rollouts.get(uid, 0) for uid in selected)
+        return selected, partition, steps
+
+    def _quota(self, batch_size: int) -> float:
+        """This sample's bare rollouts: its share of the budget, less what earlier samples took beyond
+        theirs (at least one, so that a sample never trains on nothing)."""
+        return max(1.0, self._due + batch_size * ALLOCATIONS.rollouts_per_group() - self._taken)
+
+    def _bare_rollouts(self, partition_id: str) -> Counter[str]:
+        """Per group with trajectories, its bare rollouts: the sessions among its keys
+        `{uid}_{session}_{index}` (a Stage 2 continuation is a further index of its session)."""
+        return Counter(uid for uid, _ in {tuple(key.split("_")[:2]) for key in self.partitions[partition_id]})
+
+
+def groups_for_quota(
+    sampleable: set[str], steps: Mapping[str, int], bare_rollouts: Mapping[str, int], quota: float
+) -> list[str]:
+    """The oldest groups (by the step that dispatched them, as verl orders them) whose bare rollouts
+    reach `quota`, the groups without trajectories among them included; all when they do not reach it."""
+    chosen: list[str] = []
+    total = 0
+    for uid in sorted(sampleable, key=lambda uid: (steps.get(uid, 0), uid)):
+        if total >= quota:
+            break
+        chosen.append(uid)
+        total += bare_rollouts.get(uid, 0)
+    return chosen
+
+
 __all__ = [
     "ALLOCATIONS",
     "TRACE_METRICS",
     "AllocationFigures",
     "TraceReplayBuffer",
+    "TraceReplayBufferAsync",
+    "groups_for_quota",
     "trained_figures",
 ]
