@@ -180,7 +180,7 @@ class StepConfig:
     """Budget and allocation knobs of one training step (see the module docstring for the budgets)."""
 
     bare_rollouts: int = 1024
-    expansion: float = 2.0
+    expansion: float = 1.0
     group_size: int = 8
     unit: BudgetUnit = BudgetUnit.rollouts
     # Turns per step when `unit` is turns; `counted_in` sets it from the workload's mean rollout length.

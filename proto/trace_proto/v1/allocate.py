@@ -140,7 +140,9 @@ class AllocateRequest(RequestModel):
         description="`M`: bare rollouts to spread over the prompts."
     )
     expansion: Annotated[FiniteFloat, Field(ge=0.0, le=MAX_EXPANSION)] = Field(
-        default=2.0, description="`N`: each active prompt may branch ⌊m_i·N⌋ continuations."
+        default=1.0,
+        description="`N`: each active prompt may branch ⌊m_i·N⌋ continuations (1: the learners gained "
+        "more per generated token than at 0 or 2).",
     )
     min_rollouts: Annotated[StrictInt, Field(ge=2, le=MAX_ROLLOUTS_PER_PROMPT), Integral] = Field(
         default=2, description="Fewest rollouts of an active prompt; one rollout can never be mixed."

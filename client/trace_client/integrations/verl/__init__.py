@@ -198,7 +198,7 @@ class TraceSettings:
     token: str | None = None
     job: str | None = None
     budget: int | None = None
-    expansion: float = 2.0
+    expansion: float = 1.0
     policy: str = "trace"
     min_rollouts: int = 2
     max_rollouts: int = 16
