@@ -8,7 +8,6 @@ import dataclasses
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -332,13 +331,27 @@ def finished_groups(buffer: Any, sessions: dict[str, int], step: int = 1) -> set
     return set(sessions)
 
 
-def test_an_async_sample_waits_for_its_share_of_bare_rollouts_and_skips_nothing_it_counts(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+@pytest.fixture
+def one_rollout_per_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A board on which the allocations so far gave one bare rollout per dispatched group."""
     board = trace_replay_buffer._AllocationBoard()
     monkeypatch.setattr(trace_replay_buffer, "ALLOCATIONS", board)
     board.publish(1, allocation_figures(4, 2, version=1), groups=4)  # 4 bare rollouts over 4 groups
+
+
+def consume(buffer: Any, uids: Sequence[str]) -> None:
+    """What verl's `_materialize_batch` does to the sampled groups: they leave TransferQueue."""
+    for uid in uids:
+        buffer.finished_keys["train"].discard(uid)
+        buffer.prompt_global_steps["train"].pop(uid, None)
+        for key in [key for key in buffer.partitions["train"] if key.split("_")[0] == uid]:
+            del buffer.partitions["train"][key]
+
+
+@pytest.mark.usefixtures("one_rollout_per_group")
+def test_an_async_sample_waits_for_its_share_of_bare_rollouts_not_for_a_count_of_groups() -> None:
     buffer = async_buffer()
+    buffer.running_keys["train"].add("in-flight")
     skipped = finished_groups(buffer, {"a-skipped": 0, "b-skipped": 0})
     assert not buffer._has_enough_samples(1, "train", 2, skipped)  # two groups, but nothing to train on
     sampleable = skipped | finished_groups(buffer, {"c": 1})
@@ -347,25 +360,48 @@ def test_an_async_sample_waits_for_its_share_of_bare_rollouts_and_skips_nothing_
     assert buffer._has_enough_samples(1, "train", 2, sampleable)
     chosen, _, _ = buffer._select_prompt_uids("train", sampleable, 2)
     assert chosen == ["a-skipped", "b-skipped", "c", "d"]  # 4 bare rollouts where 2 were due
-    # the next sample makes up for it: its 2 are already taken, but a sample takes at least one
-    later = finished_groups(buffer, {"e": 2, "f": 2}, step=2)
-    assert buffer._quota(2) == 1.0
-    assert buffer._select_prompt_uids("train", later, 2)[0] == ["e"]
     # validation batches are verl's, group for group
     assert buffer._has_enough_samples(1, "val", 2, {"x", "y"})
 
 
-def test_a_predictor_the_service_cannot_describe_costs_the_figures_not_the_step(
-    verl_config: DictConfig,
-) -> None:
-    # the manager's method on what it reads of the manager (the real one starts verl's workers)
-    with TraceClient("http://127.0.0.1:1", max_retries=0) as client:
-        manager: Any = SimpleNamespace(config=verl_config, trace_client=client)
-        assert integration.TraceAgentLoopManager.predictor_info(manager) is None
-    quiet: Any = SimpleNamespace(
-        config=compose_config("http://127.0.0.1:1", "++trace.predictor_metrics=false")
-    )
-    assert integration.TraceAgentLoopManager.predictor_info(quiet) is None  # no call made: no client needed
+@pytest.mark.usefixtures("one_rollout_per_group")
+def test_async_samples_take_what_they_are_due_however_groups_overshoot_a_share() -> None:
+    buffer = async_buffer()
+    buffer.running_keys["train"].add("in-flight")
+    taken = 0
+    for sample in range(1, 9):
+        finished_groups(buffer, {f"s{sample}g{k}": 3 for k in range(3)}, step=sample)
+        sampleable = set(buffer.finished_keys["train"])
+        assert buffer._has_enough_samples(sample, "train", 4, sampleable)
+        chosen, _, _ = buffer._select_prompt_uids("train", sampleable, 4)
+        taken += 3 * len(chosen)
+        consume(buffer, chosen)
+        # a share of 4 a sample in groups of 3: never more than one group ahead, never behind
+        assert 0 <= taken - 4 * sample < 3
+
+
+@pytest.mark.usefixtures("one_rollout_per_group")
+def test_an_async_sample_takes_what_is_left_when_nothing_is_in_flight() -> None:
+    buffer = async_buffer()
+    short = finished_groups(buffer, {"a": 1, "b-skipped": 0})
+    buffer.running_keys["train"].add("in-flight")
+    assert not buffer._has_enough_samples(1, "train", 4, short)  # more may come
+    buffer.running_keys["train"].clear()
+    assert buffer._has_enough_samples(1, "train", 4, short)  # nothing will: train on what is here
+    assert sorted(buffer._select_prompt_uids("train", short, 4)[0]) == ["a", "b-skipped"]
+    consume(buffer, ["a", "b-skipped"])
+    assert buffer._quota(4) == 4  # the shortfall is not carried into the next sample
+    empty = finished_groups(buffer, {"c-skipped": 0})
+    with pytest.raises(RuntimeError, match="nothing to train on"):
+        buffer._has_enough_samples(2, "train", 4, empty)
+
+
+@pytest.mark.usefixtures("one_rollout_per_group")
+def test_the_hybrid_switch_counts_finished_bare_rollouts_in_groups_not_empty_groups() -> None:
+    buffer = async_buffer(trainer_mode="separate_async")
+    finished_groups(buffer, {"a": 3, "b-skipped": 0, "c-skipped": 0, "d": 2})
+    buffer._sync_metadata_from_transfer_queue = lambda: None  # the view above is TransferQueue's
+    assert buffer.get_sampleable_count(1, "train") == 5  # one bare rollout a group: 5 groups' worth
 
 
 # --- configuration ---------------------------------------------------------------------------------------

@@ -221,23 +221,19 @@ class DryRun:
         )
         mode = options.mode
         self.mode_config = self.config.trainer.v1.get(mode, {})
-        self.dispatched = 0  # prompt batches sent so far (each draws the next slice of the workload)
+        self.drawn = 0  # prompts dispatched so far: the position in the workload's stream of prompts
         self.step_number = 0
         self.rollout_n: dict[str, int] = {}  # the prompts dispatched during the current step
         sampler = self.config.trainer.v1.sampler
+        # the arguments verl's `_build_replay_buffer` hands a custom sampler, and a shorter poll
         self.replay_buffer = SAMPLERS[mode](
             trainer_mode=mode,
             trainer_config=self.mode_config,
             max_off_policy_threshold=sampler.max_off_policy_threshold,
             max_off_policy_strategy=sampler.max_off_policy_strategy,
             sampler_kwargs=sampler.sampler_kwargs,
+            refill_fn=self.dispatch,
             poll_interval=0.2,
-            refill_fn=None if mode == "sync" else self.dispatch,
-            filter_groups_metric=None,
-            sync_refill_failed_groups=False,
-            train_batch_size=options.pool,
-            gen_batch_size=options.pool if mode == "sync" else 1,
-            max_inflight_gen_batches=1,
         )
         # what the trainer's `_compute_advantage` and `_compute_metrics` read of it: they run as verl's
         # trainer runs them
@@ -253,8 +249,8 @@ class DryRun:
     def batch(self, prompts: int) -> TensorDict:
         """The next `prompts` prompts as verl's dataloader and `_next_train_batch` make them, tagged with
         the current step."""
-        pool = self.workload.epoch_pool(self.dispatched, self.options.pool)[:prompts]
-        self.dispatched += 1
+        pool = [self.workload.epoch_pool(self.drawn + k, 1)[0] for k in range(prompts)]
+        self.drawn += prompts
         batch = tu.get_tensordict(
             {
                 "raw_prompt": [[{"role": "user", "content": p.text}] for p in pool],
@@ -283,7 +279,7 @@ class DryRun:
         timing: dict[str, float] = {}
         self.step_number = step
         self.rollout_n = {}
-        if self.options.mode != "sync" and self.dispatched == 0:
+        if self.options.mode != "sync" and self.drawn == 0:
             warmup = float(self.mode_config.get("num_warmup_batches", 0))
             if warmup > 0:
                 self.dispatch(math.floor(warmup * self.options.pool))

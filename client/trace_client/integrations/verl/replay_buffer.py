@@ -17,6 +17,7 @@ The replay buffer also names each sampled row: it writes the row's TransferQueue
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -212,16 +213,18 @@ class TraceReplayBufferAsync(TraceReplayBuffer, ReplayBufferAsync):
     verl fills a sample with `batch_size` groups, each of `rollout.n` rollouts. TRACE's groups differ
     in size, and a prompt TRACE skipped is a group without trajectories that finishes at once, so
     counting groups would fill early samples with empty ones. A sample instead takes finished groups,
-    oldest first, until the bare rollouts taken since the first sample reach the step's budget pro
-    rata (`batch_size` × the bare rollouts allocated per dispatched prompt), as much as the trainer
-    dispatches: skipped prompts go with the groups around them, and a group that overshoots one sample's
-    share is made up by the next.
+    oldest first, until the bare rollouts taken by all samples so far reach the sum of their shares
+    (`batch_size` × the bare rollouts allocated per dispatched group): skipped prompts go with the
+    groups around them, and a sample that overshoots its share makes the next one smaller by as much.
+    When nothing is in flight any more the groups at hand are taken, short or not, and the shortfall is
+    not carried: verl's evictions and TRACE's refills need not return every rollout they drop, and
+    nothing else would end the wait.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._due = 0.0  # bare rollouts the samples so far were to take
-        self._taken = 0  # bare rollouts they took
+        self._due = 0.0  # the shares of the samples so far, in bare rollouts
+        self._taken = 0  # the bare rollouts they took, shortfalls forgiven
 
     def _has_enough_samples(
         self, global_steps: int, partition_id: str, batch_size: int, sampleable_keys: set[str]
@@ -229,9 +232,20 @@ class TraceReplayBufferAsync(TraceReplayBuffer, ReplayBufferAsync):
         if partition_id != TRAIN_PARTITION:
             return super()._has_enough_samples(global_steps, partition_id, batch_size, sampleable_keys)
         # verl's own check with no group count: what is left is its wait for stale prompts in flight
-        unblocked = super()._has_enough_samples(global_steps, partition_id, 0, sampleable_keys)
+        if not super()._has_enough_samples(global_steps, partition_id, 0, sampleable_keys):
+            return False
         rollouts = self._bare_rollouts(partition_id)
-        return unblocked and sum(rollouts.get(uid, 0) for uid in sampleable_keys) >= self._quota(batch_size)
+        at_hand = sum(rollouts.get(uid, 0) for uid in sampleable_keys)
+        if at_hand >= self._quota(batch_size):
+            return True
+        if self.pending_keys[partition_id] or self.running_keys[partition_id]:
+            return False
+        if at_hand == 0:
+            raise RuntimeError(
+                "every prompt dispatched so far was skipped or failed and nothing is in flight: the "
+                "step has nothing to train on (is trace.budget at least trace.min_rollouts?)"
+            )
+        return True
 
     def _select_prompt_uids(
         self, partition_id: str, sampleable_keys: set[str], batch_size: int
@@ -240,16 +254,32 @@ class TraceReplayBufferAsync(TraceReplayBuffer, ReplayBufferAsync):
         if partition_id != TRAIN_PARTITION:
             return selected, partition, steps
         rollouts = self._bare_rollouts(partition_id)
-        quota = self._quota(batch_size)
-        selected = groups_for_quota(sampleable_keys, steps, rollouts, quota)
-        self._due += quota
-        self._taken += sum(rollouts.get(uid, 0) for uid in selected)
+        selected = groups_for_quota(sampleable_keys, steps, rollouts, self._quota(batch_size))
+        self._due += self._share(batch_size)
+        # an overshoot is carried to the next sample; a shortfall (nothing was left in flight) is not
+        self._taken = max(self._taken + sum(rollouts.get(uid, 0) for uid in selected), math.ceil(self._due))
         return selected, partition, steps
 
+    def get_sampleable_count(self, global_steps: int, partition_id: str) -> int:
+        """The finished groups' bare rollouts in groups of the allocation's size (verl's hybrid rollout
+        switch weighs this against its group thresholds; a skipped prompt's empty group is not ready)."""
+        if partition_id != TRAIN_PARTITION:
+            return super().get_sampleable_count(global_steps, partition_id)
+        self._sync_metadata_from_transfer_queue()
+        reasons = self._terminal_eviction_reasons(global_steps, partition_id)
+        rollouts = self._bare_rollouts(partition_id)
+        at_hand = sum(rollouts.get(uid, 0) for uid in self._sampleable_terminal_keys(partition_id, reasons))
+        per_group = ALLOCATIONS.rollouts_per_group()
+        return math.floor(at_hand / per_group) if per_group > 0 else 0
+
+    def _share(self, batch_size: int) -> float:
+        """A sample's share of the budget: `batch_size` groups at the bare rollouts allocated per group."""
+        return batch_size * ALLOCATIONS.rollouts_per_group()
+
     def _quota(self, batch_size: int) -> float:
-        """This sample's bare rollouts: its share of the budget, less what earlier samples took beyond
-        theirs (at least one, so that a sample never trains on nothing)."""
-        return max(1.0, self._due + batch_size * ALLOCATIONS.rollouts_per_group() - self._taken)
+        """This sample's bare rollouts: its share, less what earlier samples took beyond theirs (or plus
+        what they fell short), at least one, so that a sample never trains on nothing."""
+        return max(1.0, self._due + self._share(batch_size) - self._taken)
 
     def _bare_rollouts(self, partition_id: str) -> Counter[str]:
         """Per group with trajectories, its bare rollouts: the sessions among its keys
