@@ -893,7 +893,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.arms is not None:
         wanted = comma_list(args.arms)
         known = {arm.name: arm for arm in arms}
-        for name in wanted:
+        for name in (name for name in wanted if name not in known):
             variant = variant_arm(name, known, args.pilot_share)
             if variant is not None:
                 known[name] = variant

@@ -279,13 +279,13 @@ class DryRun:
         timing: dict[str, float] = {}
         self.step_number = step
         self.rollout_n = {}
-        if self.options.mode != "sync" and self.drawn == 0:
-            warmup = float(self.mode_config.get("num_warmup_batches", 0))
-            if warmup > 0:
-                self.dispatch(math.floor(warmup * self.options.pool))
+        # warm-up batches and several updates a step are settings of the asynchronous modes only
+        warmup = float(self.mode_config.get("num_warmup_batches", 0))
+        if warmup > 0 and self.drawn == 0:
+            self.dispatch(math.floor(warmup * self.options.pool))
         self.dispatch(self.options.pool)
         # as `PPOTrainer.step` and `_step_once` gather a step's metrics: one sample per update
-        updates = int(self.mode_config.get("parameter_sync_step", 1)) if self.options.mode != "sync" else 1
+        updates = int(self.mode_config.get("parameter_sync_step", 1))
         aggregator = MetricsAggregator()
         keys: list[str] = []
         tags: list[dict[str, Any]] = []

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -224,7 +224,7 @@ class TraceReplayBufferAsync(TraceReplayBuffer, ReplayBufferAsync):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._due = 0.0  # the shares of the samples so far, in bare rollouts
-        self._taken = 0  # the bare rollouts they took, shortfalls forgiven
+        self._taken = 0.0  # the bare rollouts they took, shortfalls forgiven
 
     def _has_enough_samples(
         self, global_steps: int, partition_id: str, batch_size: int, sampleable_keys: set[str]
@@ -234,8 +234,7 @@ class TraceReplayBufferAsync(TraceReplayBuffer, ReplayBufferAsync):
         # verl's own check with no group count: what is left is its wait for stale prompts in flight
         if not super()._has_enough_samples(global_steps, partition_id, 0, sampleable_keys):
             return False
-        rollouts = self._bare_rollouts(partition_id)
-        at_hand = sum(rollouts.get(uid, 0) for uid in sampleable_keys)
+        at_hand = self._bare_rollouts_in(partition_id, sampleable_keys)
         if at_hand >= self._quota(batch_size):
             return True
         if self.pending_keys[partition_id] or self.running_keys[partition_id]:
@@ -257,7 +256,7 @@ class TraceReplayBufferAsync(TraceReplayBuffer, ReplayBufferAsync):
         selected = groups_for_quota(sampleable_keys, steps, rollouts, self._quota(batch_size))
         self._due += self._share(batch_size)
         # an overshoot is carried to the next sample; a shortfall (nothing was left in flight) is not
-        self._taken = max(self._taken + sum(rollouts.get(uid, 0) for uid in selected), math.ceil(self._due))
+        self._taken = max(self._taken + sum(rollouts.get(uid, 0) for uid in selected), self._due)
         return selected, partition, steps
 
     def get_sampleable_count(self, global_steps: int, partition_id: str) -> int:
@@ -267,8 +266,7 @@ class TraceReplayBufferAsync(TraceReplayBuffer, ReplayBufferAsync):
             return super().get_sampleable_count(global_steps, partition_id)
         self._sync_metadata_from_transfer_queue()
         reasons = self._terminal_eviction_reasons(global_steps, partition_id)
-        rollouts = self._bare_rollouts(partition_id)
-        at_hand = sum(rollouts.get(uid, 0) for uid in self._sampleable_terminal_keys(partition_id, reasons))
+        at_hand = self._bare_rollouts_in(partition_id, self._sampleable_terminal_keys(partition_id, reasons))
         per_group = ALLOCATIONS.rollouts_per_group()
         return math.floor(at_hand / per_group) if per_group > 0 else 0
 
@@ -277,14 +275,18 @@ class TraceReplayBufferAsync(TraceReplayBuffer, ReplayBufferAsync):
         return batch_size * ALLOCATIONS.rollouts_per_group()
 
     def _quota(self, batch_size: int) -> float:
-        """This sample's bare rollouts: its share, less what earlier samples took beyond theirs (or plus
-        what they fell short), at least one, so that a sample never trains on nothing."""
+        """This sample's bare rollouts: its share, less what earlier samples took beyond theirs, at
+        least one, so that a sample never trains on nothing."""
         return max(1.0, self._due + self._share(batch_size) - self._taken)
 
     def _bare_rollouts(self, partition_id: str) -> Counter[str]:
         """Per group with trajectories, its bare rollouts: the sessions among its keys
         `{uid}_{session}_{index}` (a Stage 2 continuation is a further index of its session)."""
         return Counter(uid for uid, _ in {tuple(key.split("_")[:2]) for key in self.partitions[partition_id]})
+
+    def _bare_rollouts_in(self, partition_id: str, uids: Iterable[str]) -> int:
+        rollouts = self._bare_rollouts(partition_id)
+        return sum(rollouts.get(uid, 0) for uid in uids)
 
 
 def groups_for_quota(
