@@ -56,7 +56,7 @@ class FinishedTree:
 @runtime_checkable
 class PredictiveEstimator(Protocol):
     """An estimator that also says how sure it is: each query's Ṽ and the concentration κ of its Beta
-    belief, ``p ~ Beta(κṼ, κ(1 − Ṽ))`` (what `RootBelief.beta` and `RootBelief.thompson` read)."""
+    belief, ``p ~ Beta(κṼ, κ(1 − Ṽ))`` (what `RootBelief.thompson` reads)."""
 
     def __call__(self, queries: Sequence[Query]) -> FloatArray: ...
 

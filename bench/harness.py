@@ -95,7 +95,6 @@ class RootBelief(StrEnum):
     """What TRACE Stage 1 makes of the estimator's root predictions."""
 
     point = "point"  # the point value at Ṽ (the service's trace)
-    beta = "beta"  # the expected value over each prompt's Beta belief (RootInputs.concentration)
     thompson = "thompson"  # the point value at one Beta draw for each prompt with no earlier rollouts
 
 
@@ -115,9 +114,6 @@ class Strategy:
     estimator: Estimator = posterior_estimator
     branches: bool = True
     belief: RootBelief = RootBelief.point
-    # Counting turns, Stage 2 takes continuations by value per expected turn (`PrefixInputs.cost`)
-    # instead of pricing each at the mean cost of the tree's candidates.
-    prices_turns: bool = False
     # Each tree spends its own share, at any depth: the policy's sharing switched off (an ablation).
     local: bool = False
 
@@ -153,9 +149,7 @@ def default_strategies(
         Strategy("trace", Policy.TRACE, make_estimator()),
         Strategy("trace_joint", Policy.TRACE_JOINT, make_estimator()),
         Strategy("trace_joint_local", Policy.TRACE_JOINT, make_estimator(), local=True),
-        Strategy("trace_beta", Policy.TRACE, make_estimator(), belief=RootBelief.beta),
         Strategy("trace_thompson", Policy.TRACE, make_estimator(), belief=RootBelief.thompson),
-        Strategy("trace_per_turn", Policy.TRACE, make_estimator(), prices_turns=True),
         Strategy("trace_paper", Policy.TRACE_PAPER, make_estimator()),
         Strategy("trace_shared", Policy.TRACE_SHARED, make_estimator()),
         Strategy("trace_flat", Policy.TRACE, make_estimator(), branches=False),
@@ -171,7 +165,6 @@ def default_strategies(
         ),
         Strategy("oracle_shared", Policy.TRACE_SHARED, oracle_estimator),
         Strategy("oracle_flat", Policy.TRACE, oracle_estimator, branches=False),
-        Strategy("oracle_per_turn", Policy.TRACE, oracle_estimator, prices_turns=True),
     ]
 
 
@@ -618,7 +611,6 @@ def _root_counts(
         # Explore where there is no evidence yet: a prompt with earlier rollouts keeps its posterior mean.
         unseen = np.array([record.trials == 0 for record in records], dtype=bool)
         valued = _thompson_draw(predicted, np.where(unseen, concentration, np.inf), rng)
-        concentration = None
     inputs = RootInputs(
         n_prompts=len(pool),
         budget=budget,
@@ -629,7 +621,6 @@ def _root_counts(
         max_prompts=max(budget // config.group_size, 1) if rule.equal_groups else config.max_prompts,
         expansion=config.expansion if strategy.branches else 0.0,
         predicted=valued,
-        concentration=concentration,
         freshness=freshness,
         zero_variance_streak=np.array([record.zero_variance_streak for record in records], dtype=np.int64),
         rng=rng,
@@ -755,13 +746,11 @@ def _plan_round(
     for tree, candidate in enumerate(candidates):
         if not started[tree] or candidate.nodes.size == 0 or budgets[tree] <= 0:
             continue
-        units, cost = budgets[tree], None
+        units = budgets[tree]
         if ledger.turn_budget is not None:
+            # A turn allowance buys continuations at the mean expected cost of the tree's candidates.
             costs = [workload.expected_remaining_turns(forest.states[node]) for node in candidate.nodes]
-            if strategy.prices_turns:
-                cost = np.array(costs, dtype=np.float64)
-            else:
-                units = math.floor(units / float(np.mean(costs)))
+            units = math.floor(units / float(np.mean(costs)))
         placement = place_round(
             strategy.rules,
             candidate,
@@ -771,7 +760,6 @@ def _plan_round(
             bare_trials=forest.bare_trials[tree],
             fallback=True,
             rng=rng,
-            cost=cost,
         )
         counts = placement.counts
         ledger.fallback_units += placement.fallback_units

@@ -1,5 +1,5 @@
-"""TRACE Stage 1 on the estimator's Beta belief (the harness's `RootBelief` levers): what each reads and
-that a certain belief is the point value."""
+"""TRACE Stage 1 at a draw from the estimator's Beta belief (the harness's `RootBelief.thompson`): what
+it reads, and that a certain belief is the point value."""
 
 import functools
 from collections.abc import Sequence
@@ -37,15 +37,15 @@ def step(strategy: Strategy, *, seen: bool = False) -> list[int]:
     return [result.rollouts, result.active, result.mixed]
 
 
-@pytest.mark.parametrize("belief", [RootBelief.beta, RootBelief.thompson])
-def test_a_certain_belief_allocates_as_the_point_value(belief: RootBelief) -> None:
+def test_a_certain_belief_allocates_as_the_point_value() -> None:
     point = step(Strategy("trace", Policy.TRACE, CertainOracle()))
-    assert step(Strategy("trace_belief", Policy.TRACE, CertainOracle(), belief=belief)) == point
+    thompson = Strategy("trace_thompson", Policy.TRACE, CertainOracle(), belief=RootBelief.thompson)
+    assert step(thompson) == point
 
 
 def test_a_belief_needs_an_estimator_that_states_its_concentration() -> None:
     with pytest.raises(ValueError, match="predictive"):
-        step(Strategy("trace_beta", Policy.TRACE, oracle_estimator, belief=RootBelief.beta))
+        step(Strategy("trace_thompson", Policy.TRACE, oracle_estimator, belief=RootBelief.thompson))
 
 
 def test_thompson_draws_follow_the_beta_and_keep_certain_prompts() -> None:

@@ -54,12 +54,10 @@ def place_round(
     bare_trials: int,
     fallback: bool,
     rng: np.random.Generator,
-    cost: FloatArray | None = None,
 ) -> PrefixPlacement:
     """The round's ``share`` over ``candidates`` by the policy's Stage 2 rule: continuations per
     candidate, summing to at most ``share`` (what it does not place goes back: ``fallback`` false, or
-    nowhere to go).  ``predicted`` is Ṽ at the candidates, required when the rule reads it; ``cost``
-    prices them in turns (``share`` then in turns too: ``PrefixInputs``)."""
+    nowhere to go).  ``predicted`` is Ṽ at the candidates, required when the rule reads it."""
     if candidates.nodes.size == 0 or share <= 0:
         return PrefixPlacement(np.zeros(candidates.nodes.size, dtype=np.int64))
     return rules.prefixes.place(
@@ -72,6 +70,5 @@ def place_round(
             bare_successes=bare_successes,
             bare_trials=bare_trials,
             rng=rng,
-            cost=cost,
         )
     )

@@ -53,8 +53,7 @@ PREFIX_FIELDS = {
 
 @st.composite
 def root_inputs(draw: st.DrawFn, rule: RootRule) -> RootInputs:
-    """A pool with only the inputs ``rule`` declares (and maybe a concentration, which no rule needs);
-    small enough for Knapsack's exact DP."""
+    """A pool with only the inputs ``rule`` declares; small enough for Knapsack's exact DP."""
     n = draw(st.integers(1, 12))
     lo = draw(st.integers(2, 4))
     hi = lo + draw(st.integers(0, 6))
@@ -72,7 +71,6 @@ def root_inputs(draw: st.DrawFn, rule: RootRule) -> RootInputs:
         max_rollouts=hi,
         max_prompts=draw(st.one_of(st.none(), st.integers(1, 12))),
         expansion=draw(st.sampled_from([0.0, 1.0, 2.5])),
-        concentration=draw(st.one_of(st.none(), st.just(np.full(n, draw(st.floats(0.5, 50.0)))))),
         **{name: value for name, value in supplied.items() if name in declared},
     )
 
@@ -162,15 +160,13 @@ def test_a_prefix_rule_fails_without_each_input_it_declares(rule: PrefixRule, da
     budget=st.integers(0, 60),
     cap=st.one_of(st.none(), st.integers(1, 10)),
     freshness=st.floats(0.0, 1.0),
-    kappa=st.one_of(st.none(), st.floats(0.5, 50.0)),
     seed=st.integers(0, 2**32 - 1),
 )
 def test_stage1_of_each_policy_is_its_rule_called_directly(
-    v: list[float], budget: int, cap: int | None, freshness: float, kappa: float | None, seed: int
+    v: list[float], budget: int, cap: int | None, freshness: float, seed: int
 ) -> None:
     n = len(v)
     streak = np.arange(n) % 3
-    concentration = None if kappa is None else np.full(n, kappa)
     inputs = RootInputs(
         n_prompts=n,
         budget=budget,
@@ -178,17 +174,13 @@ def test_stage1_of_each_policy_is_its_rule_called_directly(
         max_prompts=cap,
         expansion=2.0,
         predicted=np.array(v),
-        concentration=concentration,
         freshness=freshness,
         zero_variance_streak=streak,
         rng=np.random.default_rng(seed),
     )
     limits: dict[str, Any] = {"min_rollouts": 2, "max_rollouts": 8, "max_prompts": cap}
-    # Only TRACE's objectives read a concentration; every other rule values the point Ṽ.
-    joint = allocate_roots(
-        v, budget, expansion=2.0, freshness=freshness, concentration=concentration, **limits
-    ).counts
-    paper = allocate_roots(v, budget, concentration=concentration, **limits).counts
+    joint = allocate_roots(v, budget, expansion=2.0, freshness=freshness, **limits).counts
+    paper = allocate_roots(v, budget, **limits).counts
     uniform = uniform_roots(n, budget, **limits)
     keep = greso_keep(streak, np.random.default_rng(seed), keep_probability=0.1)
     per_prompt = int(np.clip(budget // min(n, cap or n), 2, 8))
@@ -277,32 +269,8 @@ def test_dapo_places_nothing_for_a_group_whose_rewards_all_agree() -> None:
 def test_inputs_of_the_wrong_shape_are_refused() -> None:
     with pytest.raises(ValueError, match="predicted must have shape"):
         RootInputs(n_prompts=3, budget=8, predicted=np.zeros(2))
-    with pytest.raises(ValueError, match="concentration must have shape"):
-        RootInputs(n_prompts=3, budget=8, concentration=np.ones(4))
     with pytest.raises(ValueError, match="blocked must have the outcome's shape"):
         PrefixInputs(budget=2, outcome=np.zeros(3), blocked=np.zeros(2, dtype=bool))
-    with pytest.raises(ValueError, match="cost must have the outcome's shape"):
-        PrefixInputs(budget=2, outcome=np.zeros(3), blocked=np.zeros(3, dtype=bool), cost=np.ones(2))
-
-
-@pytest.mark.parametrize("rule", PREFIX_RULES, ids=lambda rule: rule.name)
-def test_only_trace_stage2_prices_continuations_in_turns(rule: PrefixRule) -> None:
-    inputs = PrefixInputs(
-        budget=12,
-        outcome=np.array([1.0, 0.0, 1.0]),
-        blocked=np.zeros(3, dtype=bool),
-        predicted=np.array([0.4, 0.5, 0.9]),
-        bare_successes=2,
-        bare_trials=3,
-        rng=np.random.default_rng(0),
-        cost=np.array([6.0, 3.0, 1.5]),
-    )
-    if rule is POLICIES[Policy.TRACE].prefixes:
-        placement = rule.place(inputs)
-        assert 12 - 1.5 < float(inputs.cost @ placement.counts) <= 12  # type: ignore[operator]
-    else:
-        with pytest.raises(ValueError, match="takes no cost"):
-            rule.place(inputs)
 
 
 def test_trace_joint_keeps_half_and_trace_shared_pools_everything() -> None:

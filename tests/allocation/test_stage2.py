@@ -81,77 +81,6 @@ def test_large_budgets_stay_cheap_and_exact() -> None:
     assert result.counts.sum() == 4096
 
 
-# --- priced in turns -------------------------------------------------------------------------------
-
-
-def knapsack_best(q: np.ndarray, blocked: np.ndarray, cost: np.ndarray, budget: int) -> float:
-    """The exact optimum of Σ_c 1 − q_c^K_c subject to Σ_c cost_c·K_c ≤ budget (integer costs)."""
-    best = np.zeros(budget + 1)  # best[b]: the most flips within b turns over the candidates so far
-    for c in np.flatnonzero(~blocked).tolist():
-        options = [(k * int(cost[c]), 1.0 - q[c] ** k) for k in range(budget // int(cost[c]) + 1)]
-        best = np.array(
-            [
-                max(best[b - spent] + value for spent, value in options if spent <= b)
-                for b in range(budget + 1)
-            ]
-        )
-    return float(best[budget])
-
-
-@st.composite
-def priced_candidates(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
-    p, outcome, blocked, _ = draw(candidates())
-    cost = np.array(draw(st.lists(st.integers(1, 5), min_size=p.size, max_size=p.size)), dtype=float)
-    return p, outcome, blocked, cost, draw(st.integers(0, 20))
-
-
-@settings(max_examples=300, deadline=None)
-@given(priced_candidates())
-def test_per_turn_greedy_is_within_one_unit_of_the_knapsack_optimum(
-    case: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int],
-) -> None:
-    p, outcome, blocked, cost, budget = case
-    result = expand_prefixes(p, outcome, budget, blocked=blocked, fallback=False, min_gain=0.0, cost=cost)
-    q = repeat_probability(p, outcome)
-    best = knapsack_best(q, blocked, cost, budget)
-    one_unit = float(np.max(np.where(blocked, 0.0, 1.0 - q), initial=0.0))
-    assert best - one_unit - 1e-12 <= result.expected_flips <= best + 1e-12
-    assert float(cost @ result.counts) <= budget
-    assert result.unspent == int(budget - cost @ result.counts)
-    assert not np.any(result.counts[blocked])
-
-
-@settings(max_examples=200, deadline=None)
-@given(candidates(), st.floats(0.5, 8.0), st.booleans())
-def test_equal_costs_price_exactly_as_the_unit_greedy(
-    case: tuple[np.ndarray, np.ndarray, np.ndarray, int], cost: float, fallback: bool
-) -> None:
-    p, outcome, blocked, units = case
-    turns = int(units * cost)
-    priced = expand_prefixes(
-        p, outcome, turns, blocked=blocked, fallback=fallback, cost=np.full(p.size, cost)
-    )
-    plain = expand_prefixes(p, outcome, int(turns // cost), blocked=blocked, fallback=fallback)
-    assert priced.counts.tolist() == plain.counts.tolist()
-    assert priced.fallback_units == plain.fallback_units
-
-
-def test_a_cheap_deep_prefix_wins_per_turn_what_a_dear_one_wins_per_continuation() -> None:
-    # The same chance to flip from both; the second costs a quarter of the turns.
-    p, outcome = [0.3, 0.35], [1.0, 1.0]
-    assert expand_prefixes(p, outcome, 1).counts.tolist() == [1, 0]
-    per_turn = expand_prefixes(p, outcome, 8, cost=[8.0, 2.0], fallback=False)
-    assert per_turn.counts.tolist() == [0, 4]
-    assert per_turn.unspent == 0
-
-
-def test_the_per_turn_fallback_deals_whole_continuations_that_fit() -> None:
-    result = expand_prefixes([1.0, 1.0, 0.0], [1.0, 1.0, 0.0], 11, cost=[2.0, 3.0, 4.0])
-    # Rounds of 2 + 3 + 4 = 9 turns: one round, then the 2 turns left buy one more from the first.
-    assert result.counts.tolist() == [2, 1, 1]
-    assert result.fallback_units == 4 and result.unspent == 0
-
-
 @pytest.mark.parametrize(
     ("args", "kwargs", "message"),
     [
@@ -161,9 +90,6 @@ def test_the_per_turn_fallback_deals_whole_continuations_that_fit() -> None:
         (([0.5], [2.0], 3), {}, r"\[0, 1\]"),
         (([0.5], [1.0], 3), {"blocked": [True, False]}, "blocked"),
         (([0.5], [1.0], 3), {"min_gain": -1.0}, "min_gain"),
-        (([0.5], [1.0], 3), {"cost": [1.0, 2.0]}, "cost must have shape"),
-        (([0.5], [1.0], 3), {"cost": [0.0]}, "cost must be finite and > 0"),
-        (([0.5], [1.0], 3), {"cost": [float("inf")]}, "cost must be finite and > 0"),
     ],
 )
 def test_bad_input_raises_a_clear_error(

@@ -87,12 +87,9 @@ class RootInputs:
     freshness: float | None = None
     zero_variance_streak: IntArray | None = None
     rng: np.random.Generator | None = None
-    # The concentration κ + n of each prompt's Beta posterior around ``predicted``; when supplied, TRACE
-    # values rollouts by the expectation over that belief (``stage1``), else at the point ``predicted``.
-    concentration: FloatArray | None = None
 
     def __post_init__(self) -> None:
-        for name in ("predicted", "zero_variance_streak", "concentration"):
+        for name in ("predicted", "zero_variance_streak"):
             value = getattr(self, name)
             if value is not None and np.shape(value) != (self.n_prompts,):
                 raise ValueError(f"{name} must have shape ({self.n_prompts},), got {np.shape(value)}")
@@ -103,10 +100,6 @@ class PrefixInputs:
     """What a Stage 2 rule may read about one round of one tree: the candidate prefixes' observed
     outcomes and blocked mask (``trace_service.tree.prefix_candidates``), the round's share ``budget``,
     and ``fallback`` (spread what TRACE's greedy cannot place, or return it).
-
-    ``cost``, when given, is the expected turns of one continuation from each candidate, and ``budget``
-    is then in turns: TRACE's rule takes continuations by value per turn (``stage2``); the other rules
-    price every continuation alike and refuse it.
     """
 
     budget: int
@@ -117,11 +110,10 @@ class PrefixInputs:
     bare_successes: int | None = None
     bare_trials: int | None = None
     rng: np.random.Generator | None = None
-    cost: FloatArray | None = None
 
     def __post_init__(self) -> None:
         shape = np.shape(self.outcome)
-        for name in ("blocked", "predicted", "cost"):
+        for name in ("blocked", "predicted"):
             value = getattr(self, name)
             if value is not None and np.shape(value) != shape:
                 raise ValueError(f"{name} must have the outcome's shape {shape}, got {np.shape(value)}")
@@ -153,8 +145,7 @@ def _given(value: _Value | None, need: Need, rule: str) -> _Value:
 
 def _joint_roots(inputs: RootInputs) -> IntArray:
     """TRACE Stage 1, the joint objective: ``max Σ_i V_root(Ṽ_i, m_i)`` with ``z₁ = v(1 − ρ(1 − v))^N``,
-    ``z₀ = (1 − v)(1 − ρv)^N`` at the learned freshness ρ (``stage1``); with ``concentration``, V_root's
-    expectation over each prompt's Beta belief (an ablation the service does not supply)."""
+    ``z₀ = (1 − v)(1 − ρv)^N`` at the learned freshness ρ (``stage1``)."""
     return allocate_roots(
         _given(inputs.predicted, Need.ROOT_PREDICTIONS, "joint"),
         inputs.budget,
@@ -163,21 +154,18 @@ def _joint_roots(inputs: RootInputs) -> IntArray:
         max_prompts=inputs.max_prompts,
         expansion=inputs.expansion,
         freshness=_given(inputs.freshness, Need.FRESHNESS, "joint"),
-        concentration=inputs.concentration,
     ).counts
 
 
 def _trace_roots(inputs: RootInputs) -> IntArray:
     """TRACE Stage 1 as the paper has it: ``max Σ_i 1 − Ṽ_i^m_i − (1 − Ṽ_i)^m_i``, the expected mixed
-    groups of the bare rollouts (``stage1``); with ``concentration``, its expectation over each prompt's
-    Beta belief (an ablation the service does not supply)."""
+    groups of the bare rollouts (``stage1``)."""
     return allocate_roots(
         _given(inputs.predicted, Need.ROOT_PREDICTIONS, "trace"),
         inputs.budget,
         min_rollouts=inputs.min_rollouts,
         max_rollouts=inputs.max_rollouts,
         max_prompts=inputs.max_prompts,
-        concentration=inputs.concentration,
     ).counts
 
 
@@ -241,34 +229,25 @@ def _knapsack_roots(inputs: RootInputs) -> IntArray:
 
 
 def _trace_prefixes(inputs: PrefixInputs) -> PrefixPlacement:
-    """TRACE Stage 2: the greedy on ``Σ_c 1 − q_c^K_c`` over the unblocked candidates (``stage2``), by
-    value per turn when ``cost`` prices the candidates in turns."""
+    """TRACE Stage 2: the greedy on ``Σ_c 1 − q_c^K_c`` over the unblocked candidates (``stage2``)."""
     expansion = expand_prefixes(
         _given(inputs.predicted, Need.PREFIX_PREDICTIONS, "trace"),
         inputs.outcome,
         inputs.budget,
         blocked=inputs.blocked,
         fallback=inputs.fallback,
-        cost=inputs.cost,
     )
     return PrefixPlacement(expansion.counts, expansion.fallback_units)
 
 
-def _check_priced_per_continuation(inputs: PrefixInputs, rule: str) -> None:
-    if inputs.cost is not None:
-        raise ValueError(f"the {rule} rule prices every continuation alike; it takes no cost")
-
-
 def _random_prefixes(inputs: PrefixInputs) -> PrefixPlacement:
     """TreePO: each continuation at a uniformly random candidate (a multinomial draw)."""
-    _check_priced_per_continuation(inputs, "random")
     rng = _given(inputs.rng, Need.RNG, "random")
     return PrefixPlacement(random_branching(inputs.n_candidates, inputs.budget, rng))
 
 
 def _even_prefixes(inputs: PrefixInputs) -> PrefixPlacement:
     """Uniform Stage 2: the share dealt round-robin over the candidates, earlier ones first."""
-    _check_priced_per_continuation(inputs, "even")
     return PrefixPlacement(spread_evenly(np.ones(inputs.n_candidates, dtype=bool), inputs.budget))
 
 

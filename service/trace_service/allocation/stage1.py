@@ -38,32 +38,6 @@ value the solver prefers the one with more active prompts (breadth first), then 
   repair is no longer provably optimal, but it stays within one block of the optimum: the envelope's
   greedy is an upper bound, and dropping the half-filled block loses at most its spread share,
   ``(m_min − 1)/m_min · max_i V(v_i, m_min)``.  Tests check that bound against the DP.
-
-**The predictive value** (``concentration``).  ``v_i`` is a posterior mean, not the prompt's success p:
-the predictor's belief is ``p ~ Beta(κ_i v_i, κ_i(1 − v_i))`` with ``κ_i`` the posterior concentration
-(the fitted prior κ plus the prompt's earlier bare rollouts).  Given p the rollouts are independent, so
-the value of m rollouts is the expectation over that belief,
-
-    V̄(v, κ, m) = E_{p ~ Beta(κv, κ(1 − v))} [1 − z₁(p)^m − z₀(p)^m],
-
-which tends to the point value ``V(v, m)`` as κ → ∞ and, for the paper's value (concave in p), lies
-below it (Jensen: for a dispersed belief a mid-range mean often hides a p near 0 or 1).  The solver's
-guarantees rest on two properties of each curve: ``Δ_m`` decreases for m ≥ 1, and the block's average
-gain ``V(lo)/lo`` is at least ``Δ_lo`` (:func:`_smallest_group`).  Both hold for every fixed p, and both
-are *linear* inequalities in the curve (``Δ_m − Δ_{m+1} ≥ 0``, ``V(lo) − lo·Δ_lo ≥ 0``), so they hold
-for any mixture over p, the Beta belief included: the envelope greedy is still an upper bound and the
-solver is still within one block of the optimum.  The exchange argument needs more: with one common κ it
-still holds, since ``E[p^m] = ∏_{j<m} (κv + j)/(κ + j)`` is a polynomial in v with positive coefficients
-(convex and increasing on [0, 1]), so ``E[p^m] + E[(1 − p)^m]`` is convex and symmetric about ½ and
-``V̄`` falls as ``|v − ½|`` grows for every m; the solver is then exact for the paper's objective.  With
-per-prompt concentrations the curves of two prompts may cross (at ½ with κ = 1 a prompt is worth more
-than a sure 0.05 for two rollouts, less for 64), and the solver is within one block (tested against the
-DP).
-
-The expectation is a Gauss–Jacobi quadrature (:func:`beta_quadrature`): ``_BETA_NODES`` nodes and
-positive weights per prompt, exact for polynomials in p of degree < 2·``_BETA_NODES`` (the paper's value
-for m ≤ 31, the joint one with integer N for m(N + 1) ≤ 31, and N·m need not be an integer).  Being a
-mixture with positive weights, the quadrature itself has both properties above, exactly.
 """
 
 from __future__ import annotations
@@ -82,12 +56,6 @@ _BREADTH_FIRST = 1.0 - 1e-12
 
 #: Extras columns materialised first by the production solver (doubled while the threshold needs more).
 _FIRST_COLUMNS = 24
-
-#: Quadrature nodes per prompt for the predictive value: exact to degree 31 in p, within 1e-8 of the
-#: exact Beta moments up to degree 64 at any concentration; the joint value (degree about m(1 + N)) is
-#: within 1e-6 up to degree 128 (m = 64, N = 1) and 1e-4 up to 256.  The nodes cost O(B·nodes³),
-#: about 0.05 s at B = 1024 and 1 s at B = 16384 on a busy core.
-_BETA_NODES = 16
 
 
 @dataclass(frozen=True)
@@ -118,90 +86,20 @@ def repeat_odds(
     return z_success, z_failure
 
 
-def beta_quadrature(mean: npt.ArrayLike, concentration: npt.ArrayLike) -> tuple[FloatArray, FloatArray]:
-    """Gauss–Jacobi nodes and weights, shape ``(…, _BETA_NODES)``, of ``Beta(κv, κ(1 − v))`` per entry:
-    ``E[f(p)] ≈ Σ_j weight_j · f(node_j)``, exact for polynomials of degree < 2·``_BETA_NODES``.
-
-    Golub–Welsch: the nodes are the eigenvalues of the Jacobi matrix of the polynomials orthogonal
-    under the Beta weight (a = κv, b = κ(1 − v), s = a + b; on [−1, 1] they are Jacobi(b − 1, a − 1)),
-
-        diagonal   α₀ = a/s,   α_n = ½ + ½ (a − b)(s − 2) / ((2n + s − 2)(2n + s))
-        off-diag²  β₁ = ab / (s²(s + 1)),
-                   β_n = n(n + a − 1)(n + b − 1)(n + s − 2) / ((2n + s − 2)²(2n + s − 1)(2n + s − 3)),
-
-    (α₀ the mean, β₁ the variance; the general formulas are 0/0 at n = 0 and, for s = 1, at n = 1) and
-    the weights are the squared first components of the eigenvectors.  An infinite concentration, or
-    a mean of exactly 0 or 1, is the point mass at v (all weight on the first node)."""
-    v = np.asarray(mean, dtype=np.float64)
-    kappa = np.broadcast_to(np.asarray(concentration, dtype=np.float64), v.shape)
-    nodes = np.repeat(v[..., None], _BETA_NODES, axis=-1)
-    weights = np.zeros(nodes.shape)
-    weights[..., 0] = 1.0
-    spread = np.isfinite(kappa) & (v > 0.0) & (v < 1.0)
-    if not spread.any():
-        return nodes, weights
-    kappa_spread, v_spread = kappa[spread][:, None], v[spread][:, None]
-    a, b = kappa_spread * v_spread, kappa_spread * (1.0 - v_spread)
-    s = a + b
-    n = np.arange(1, _BETA_NODES, dtype=np.float64)[None, :]
-    diagonal = np.empty((a.shape[0], _BETA_NODES))
-    diagonal[:, :1] = a / s
-    diagonal[:, 1:] = 0.5 + 0.5 * (a - b) * (s - 2.0) / ((2.0 * n + s - 2.0) * (2.0 * n + s))
-    off_squared = np.empty((a.shape[0], _BETA_NODES - 1))
-    off_squared[:, :1] = a * b / (s * s * (s + 1.0))
-    k = n[:, 1:]
-    off_squared[:, 1:] = (
-        k
-        * (k + a - 1.0)
-        * (k + b - 1.0)
-        * (k + s - 2.0)
-        / ((2.0 * k + s - 2.0) ** 2 * (2.0 * k + s - 1.0) * (2.0 * k + s - 3.0))
-    )
-    jacobi = np.zeros((a.shape[0], _BETA_NODES, _BETA_NODES))
-    index = np.arange(_BETA_NODES)
-    jacobi[:, index, index] = diagonal
-    off = np.sqrt(np.maximum(off_squared, 0.0))
-    jacobi[:, index[1:], index[:-1]] = off
-    jacobi[:, index[:-1], index[1:]] = off
-    points, vectors = np.linalg.eigh(jacobi)
-    node_weights = vectors[:, 0, :] ** 2
-    nodes[spread] = np.clip(points, 0.0, 1.0)
-    weights[spread] = node_weights / node_weights.sum(axis=1, keepdims=True)
-    return nodes, weights
-
-
 @dataclass(frozen=True)
-class _Belief:
-    """Each prompt's success as a discrete mixture, arrays of shape (prompts, nodes): the repeat odds
-    at each node (:func:`repeat_odds`) and the node's weight.  A point estimate is one node of weight 1."""
+class _Odds:
+    """Each prompt's repeat odds (:func:`repeat_odds`): the chances that one bare rollout and its
+    continuations all succeed, or all fail."""
 
     z_success: FloatArray
     z_failure: FloatArray
-    weight: FloatArray
 
-    def rows(self, rows: IntArray | slice) -> _Belief:
-        return _Belief(self.z_success[rows], self.z_failure[rows], self.weight[rows])
-
-
-def _belief(
-    v: FloatArray, concentration: npt.ArrayLike | None, *, expansion: float, freshness: float
-) -> _Belief:
-    """The mixture of the prompts' predictive distributions: the point v without ``concentration``."""
-    if concentration is None:
-        nodes, weights = v[..., None], np.ones((*v.shape, 1))
-    else:
-        nodes, weights = beta_quadrature(v, _concentrations(concentration, v.shape))
-    z_success, z_failure = repeat_odds(nodes, expansion=expansion, freshness=freshness)
-    return _Belief(z_success, z_failure, weights)
+    def rows(self, rows: IntArray | slice) -> _Odds:
+        return _Odds(self.z_success[rows], self.z_failure[rows])
 
 
-def _concentrations(concentration: npt.ArrayLike, shape: tuple[int, ...]) -> FloatArray:
-    kappa = np.asarray(concentration, dtype=np.float64)
-    if kappa.shape != shape and kappa.ndim != 0:
-        raise ValueError(f"concentration must have shape {shape}, got {kappa.shape}")
-    if np.any(np.isnan(kappa)) or np.any(kappa <= 0.0):
-        raise ValueError("concentration must be > 0 (infinite: the point value)")
-    return np.broadcast_to(kappa, shape)
+def _odds(v: FloatArray, *, expansion: float, freshness: float) -> _Odds:
+    return _Odds(*repeat_odds(v, expansion=expansion, freshness=freshness))
 
 
 def root_value(
@@ -210,14 +108,11 @@ def root_value(
     *,
     expansion: float = 0.0,
     freshness: float = 0.0,
-    concentration: npt.ArrayLike | None = None,
 ) -> FloatArray:
     """``V_root(v, m) = 1 − z₁^m − z₀^m`` for m ≥ 1 and 0 for m = 0 (:func:`repeat_odds`); with the
-    defaults, ``1 − v^m − (1 − v)^m``: P(m Bernoulli(v) draws are mixed).  With ``concentration`` κ,
-    its expectation over ``p ~ Beta(κv, κ(1 − v))`` (the module docstring's predictive value)."""
+    defaults, ``1 − v^m − (1 − v)^m``: P(m Bernoulli(v) draws are mixed)."""
     v_arr, m_arr = np.broadcast_arrays(np.asarray(v, dtype=np.float64), np.asarray(m, dtype=np.float64))
-    belief = _belief(v_arr, concentration, expansion=expansion, freshness=freshness)
-    return _curve(belief, m_arr)
+    return _curve(_odds(v_arr, expansion=expansion, freshness=freshness), m_arr)
 
 
 def _smallest_group(min_rollouts: int) -> int:
@@ -295,31 +190,29 @@ def allocate_roots(
     weight: npt.ArrayLike | None = None,
     expansion: float = 0.0,
     freshness: float = 0.0,
-    concentration: npt.ArrayLike | None = None,
 ) -> RootAllocation:
     """Production Stage 1 solver (see the module docstring for the objective and why it is exact).
 
     Never spends more than ``budget`` and never spends a unit whose marginal value is zero (budget that
     cannot buy any expected mixed group is returned as ``unspent``).  Ties between equal prompts go to the
     earlier prompt.  With ``weight`` (Knapsack RL), the joint objective (``expansion`` and
-    ``freshness``, see :func:`repeat_odds`) or per-prompt ``concentration`` (the predictive value over
-    ``Beta(κ_i v_i, κ_i(1 − v_i))``; ``inf``: the point value) the same search runs over those values;
+    ``freshness``, see :func:`repeat_odds`) the same search runs over those values;
     it is then within one block of the optimum and :func:`allocate_roots_exact` is the exact answer.
     """
     probs = probabilities(v, "v")
     n_prompts = probs.size
     prompt_cap = _check_limits(n_prompts, budget, min_rollouts, max_rollouts, max_prompts)
     w = _weights(weight, n_prompts)
-    belief = _belief(probs, concentration, expansion=expansion, freshness=freshness)
+    odds = _odds(probs, expansion=expansion, freshness=freshness)
     lo = _smallest_group(min_rollouts)
     n_extras = max(max_rollouts - lo, 0)
     if max_rollouts < lo:
         return RootAllocation(np.zeros(n_prompts, dtype=np.int64), 0.0, budget)
 
     def value_of(rows: IntArray | slice, counts: IntArray) -> float:
-        return float((w[rows] * _curve(belief.rows(rows), counts)).sum())
+        return float((w[rows] * _curve(odds.rows(rows), counts)).sum())
 
-    block_value = w * _curve(belief, np.full(n_prompts, lo))
+    block_value = w * _curve(odds, np.full(n_prompts, lo))
     rank = np.lexsort((np.arange(n_prompts), -block_value))
     eligible = rank[block_value[rank] > 0.0][: min(prompt_cap, budget // lo)]
     counts = np.zeros(n_prompts, dtype=np.int64)
@@ -331,7 +224,7 @@ def allocate_roots(
     # last one could reach it (at B = 4096 materialising all m_max columns costs more than the solve).
     columns = min(n_extras, _FIRST_COLUMNS)
     while True:
-        envelope = _envelope(belief.rows(eligible), w[eligible], block, lo, columns)
+        envelope = _envelope(odds.rows(eligible), w[eligible], block, lo, columns)
         chosen = _top_units(envelope, budget)
         threshold = float(envelope[chosen].min()) if chosen.any() else np.inf
         if int(chosen.sum()) < budget:
@@ -362,34 +255,30 @@ def allocate_roots(
     return RootAllocation(counts, value_of(slice(None), counts), budget - int(counts.sum()))
 
 
-def _curve(belief: _Belief, m: npt.NDArray[np.float64 | np.int64]) -> FloatArray:
-    """``E[1 − z₁^m − z₀^m]`` over the belief's nodes for m ≥ 1, 0 for m = 0 (the root value in terms
-    of the repeat odds; ``m`` has the shape of the belief's prompts, or broadcasts against them)."""
-    power = m[..., None]
-    value = np.maximum(1.0 - belief.z_success**power - belief.z_failure**power, 0.0)
-    return np.where(m > 0, (belief.weight * value).sum(axis=-1), 0.0)
+def _curve(odds: _Odds, m: npt.NDArray[np.float64 | np.int64]) -> FloatArray:
+    """``1 − z₁^m − z₀^m`` for m ≥ 1, 0 for m = 0 (the root value in terms of the repeat odds; ``m`` has
+    the shape of the prompts, or broadcasts against them)."""
+    value = np.maximum(1.0 - odds.z_success**m - odds.z_failure**m, 0.0)
+    return np.where(m > 0, value, 0.0)
 
 
-def _envelope(belief: _Belief, w: FloatArray, block: FloatArray, lo: int, columns: int) -> FloatArray:
+def _envelope(odds: _Odds, w: FloatArray, block: FloatArray, lo: int, columns: int) -> FloatArray:
     """Concave envelope of each prompt's value: its block spread over lo units at the average gain,
     then its first ``columns`` single-rollout gains
 
-        extras[r, j] = w·Δ_m = w·E[z₁^m·(1 − z₁) + z₀^m·(1 − z₀)],   m = lo + j
+        extras[r, j] = w·Δ_m = w·(z₁^m·(1 − z₁) + z₀^m·(1 − z₀)),   m = lo + j
 
-    (for the paper's point z₁ = v, z₀ = 1 − v this is w·v(1−v)·(v^(m−1) + (1−v)^(m−1))).  Each row is
+    (for the paper's z₁ = v, z₀ = 1 − v this is w·v(1−v)·(v^(m−1) + (1−v)^(m−1))).  Each row is
     non-increasing, so the envelope's greedy fills whole rows except at most one block.
     """
-    rows, nodes = belief.weight.shape
+    rows = block.size
     envelope = np.empty((rows, lo + columns))
     envelope[:, :lo] = (block / lo)[:, None]
     extras = envelope[:, lo:]
-    extras[:] = 0.0
-    powers = np.empty((rows, columns))
-    for node in range(nodes):  # one node at a time: memory stays O(prompts · columns)
-        z_success, z_failure = belief.z_success[:, node], belief.z_failure[:, node]
-        gains = _geometric_powers(z_success, lo, powers) * (1.0 - z_success)[:, None]
-        gains += _geometric_powers(z_failure, lo, powers) * (1.0 - z_failure)[:, None]
-        extras += belief.weight[:, node, None] * gains
+    z_success, z_failure = odds.z_success, odds.z_failure
+    _geometric_powers(z_success, lo, extras)
+    extras *= (1.0 - z_success)[:, None]
+    extras += _geometric_powers(z_failure, lo, np.empty((rows, columns))) * (1.0 - z_failure)[:, None]
     extras *= w[:, None]
     # Mathematically Δ_lo ≤ V(lo)/lo; clamp float noise so a block always precedes its extras.
     np.minimum(extras, envelope[:, :1], out=extras)
@@ -431,7 +320,6 @@ def allocate_roots_exact(
     weight: npt.ArrayLike | None = None,
     expansion: float = 0.0,
     freshness: float = 0.0,
-    concentration: npt.ArrayLike | None = None,
 ) -> RootAllocation:
     """Exact Stage 1 by dynamic programming over prompts (the reference solver).
 
@@ -448,9 +336,9 @@ def allocate_roots_exact(
     n_layers = prompt_cap + 1 if capped else 1
     best = np.zeros((n_layers, budget + 1))
     choice = np.zeros((n_prompts, n_layers, budget + 1), dtype=np.int32)
-    belief = _belief(probs, concentration, expansion=expansion, freshness=freshness)
+    odds = _odds(probs, expansion=expansion, freshness=freshness)
     for i in range(n_prompts):
-        gains = w[i] * _curve(belief.rows(slice(i, i + 1)), sizes)
+        gains = w[i] * _curve(odds.rows(slice(i, i + 1)), sizes)
         new = best.copy()
         for size, gain in zip(sizes.tolist(), gains.tolist(), strict=True):
             if gain <= 0.0:
@@ -471,5 +359,5 @@ def allocate_roots_exact(
         units -= size
         if size and capped:
             layer -= 1
-    value = float((w * _curve(belief, counts)).sum())
+    value = float((w * _curve(odds, counts)).sum())
     return RootAllocation(counts, value, budget - int(counts.sum()))

@@ -12,18 +12,10 @@ unit-by-unit greedy (here: the ``budget`` largest marginal gains, each row a pre
 Nodes whose subtree is already mixed are blocked: flipping their outcome adds no new contrast.
 Units whose best marginal gain is below ``min_gain`` have nowhere useful to go: they are spread evenly
 over the unblocked candidates (the TreePO-style fallback) and counted, or left unspent on request.
-
-Priced in turns (``cost``: the expected turns of one continuation from each candidate, ``budget`` in
-turns), the objective is the same with ``Σ_c c_c·K_c ≤ budget``, a knapsack whose items are the units.
-The greedy takes units by gain per turn, ``q_c^k (1 − q_c) / c_c``, each that still fits; a candidate's
-units keep their order (same cost, decreasing gain), so the units taken before the first that does not
-fit are the fractional relaxation's optimum, and the greedy is within one unit's gain of the optimum.
-With every cost equal it is the unit greedy above.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,15 +70,12 @@ def expand_prefixes(
     blocked: npt.ArrayLike | None = None,
     fallback: bool = True,
     min_gain: float = DEFAULT_MIN_GAIN,
-    cost: npt.ArrayLike | None = None,
 ) -> PrefixExpansion:
     """Spend ``budget`` continuations over candidate prefixes (module docstring: objective and greedy).
 
     ``p`` are predicted successes at the candidates, ``outcome`` the observed (0/1, or a majority
     fraction) outcome below each, ``blocked`` marks candidates whose subtree is already mixed.  Ties go
-    to the earlier candidate.  The returned counts always sum to ``budget − unspent``.  With ``cost``
-    (expected turns per continuation, each > 0) ``budget`` and ``unspent`` are in turns (the module
-    docstring: priced in turns).
+    to the earlier candidate.  The returned counts always sum to ``budget − unspent``.
     """
     q = repeat_probability(p, outcome)
     budget = non_negative_int(budget, "budget")
@@ -95,8 +84,6 @@ def expand_prefixes(
     is_blocked = np.zeros(q.size, dtype=bool) if blocked is None else np.asarray(blocked, dtype=bool)
     if is_blocked.shape != q.shape:
         raise ValueError(f"blocked must have shape {q.shape}, got {is_blocked.shape}")
-    if cost is not None:
-        return _expand_in_turns(q, _costs(cost, q.shape), budget, is_blocked, fallback, min_gain)
 
     gains = _unit_gains(q, is_blocked, min_gain, most=budget)
     chosen = _top_units(gains, budget)
@@ -111,48 +98,6 @@ def expand_prefixes(
     return PrefixExpansion(counts, expected_flips, fallback_units, budget - int(counts.sum()))
 
 
-def _expand_in_turns(
-    q: FloatArray,
-    cost: FloatArray,
-    budget: int,
-    blocked: npt.NDArray[np.bool_],
-    fallback: bool,
-    min_gain: float,
-) -> PrefixExpansion:
-    """The greedy by gain per turn (module docstring) for repeat probabilities ``q`` and ``cost`` turns per
-    continuation, within ``budget`` turns; ``unspent`` is in turns.  The fallback deals whole
-    continuations round-robin over the unblocked candidates while they still fit."""
-    # A candidate can hold at most ⌊budget / cost⌋ units.
-    gains = _unit_gains(q, blocked, min_gain, most=int(budget // float(cost.min())) if cost.size else 0)
-    columns = gains.shape[1]
-    # Units by gain per turn, best first; a stable sort keeps each row's units in order on ties.
-    per_turn = gains / cost[:, None]
-    order = np.argsort(-per_turn, axis=None, kind="stable")
-    counts = np.zeros(q.size, dtype=np.int64)
-    left = float(budget)
-    for flat in order[: int(np.count_nonzero(per_turn > 0.0))].tolist():
-        row, column = divmod(flat, columns)
-        # A row's later unit follows its earlier one (a unit that did not fit blocks the rest of its row).
-        if column == counts[row] and cost[row] <= left:
-            counts[row] += 1
-            left -= cost[row]
-    placed = int(counts.sum())
-    if fallback:
-        slots = np.flatnonzero(~blocked)
-        if slots.size:
-            rounds = math.floor(left / float(cost[slots].sum()))
-            counts[slots] += rounds
-            left -= rounds * float(cost[slots].sum())
-        while slots.size:  # what is left fits fewer than one of each: as many as fit, in order
-            slots = slots[cost[slots] <= left]
-            for slot in slots.tolist():
-                if cost[slot] <= left:
-                    counts[slot] += 1
-                    left -= cost[slot]
-    expected_flips = float(prefix_value(q[~blocked], counts[~blocked]).sum())
-    return PrefixExpansion(counts, expected_flips, int(counts.sum()) - placed, math.floor(left))
-
-
 def _unit_gains(q: FloatArray, blocked: npt.NDArray[np.bool_], min_gain: float, *, most: int) -> FloatArray:
     """``gains[c, k] = q_c^k (1 − q_c)``, the value of the (k+1)-th continuation from candidate c, zero
     where c is blocked or the gain is at most ``min_gain``.  At most ``most`` columns, and none past
@@ -162,15 +107,6 @@ def _unit_gains(q: FloatArray, blocked: npt.NDArray[np.bool_], min_gain: float, 
     gains[blocked] = 0.0
     gains[gains <= min_gain] = 0.0
     return gains
-
-
-def _costs(cost: npt.ArrayLike, shape: tuple[int, ...]) -> FloatArray:
-    values = np.asarray(cost, dtype=np.float64)
-    if values.shape != shape:
-        raise ValueError(f"cost must have shape {shape}, got {values.shape}")
-    if not np.all(np.isfinite(values) & (values > 0.0)):
-        raise ValueError("cost must be finite and > 0 turns per continuation")
-    return values
 
 
 def _useful_continuations(q: FloatArray, min_gain: float) -> int:
