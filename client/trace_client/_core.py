@@ -6,8 +6,8 @@ Only the loop that sends a request and sleeps between attempts differs between `
 Every v1 call is safe to retry: reads are reads, `/v1/allocate` carries an `Idempotency-Key` that is
 fixed before the first attempt, `/v1/expand` events carry client-made `event_id`s the server
 deduplicates, a claim only leases instructions (an unused lease expires), and closing a closed tree
-changes nothing. So a timeout after the request was sent is retried like a refused connection, and
-a 500 like a 503.
+or deleting a deleted job changes nothing. So a timeout after the request was sent is retried like a
+refused connection, and a 500 like a 503.
 
 Like openai-python's client, a client takes its defaults from the environment (`TRACE_URL`,
 `TRACE_TOKEN`) and logs each retry at INFO on the `trace_client` logger.
@@ -50,6 +50,7 @@ from trace_proto import (
     HistoryIn,
     InstructionsQuery,
     InstructionsResponse,
+    JobDeleted,
     JobStats,
     PredictorInfo,
     PredictRequest,
@@ -208,8 +209,8 @@ def close_tree_call(tree_id: str) -> ApiCall[TreeResponse]:
     )
 
 
-def predictor_call() -> ApiCall[PredictorInfo]:
-    return ApiCall("GET", paths.PREDICTOR, PredictorInfo)
+def predictor_call(job: str = DEFAULT_JOB) -> ApiCall[PredictorInfo]:
+    return ApiCall("GET", paths.PREDICTOR, PredictorInfo, params={"job": _job_name.validate_python(job)})
 
 
 def predict_call(histories: Sequence[HistoryIn], job: str = DEFAULT_JOB) -> ApiCall[PredictResponse]:
@@ -219,6 +220,10 @@ def predict_call(histories: Sequence[HistoryIn], job: str = DEFAULT_JOB) -> ApiC
 
 def job_stats_call(job: str) -> ApiCall[JobStats]:
     return ApiCall("GET", _path(paths.JOB_STATS, job=_job_name.validate_python(job)), JobStats)
+
+
+def delete_job_call(job: str) -> ApiCall[JobDeleted]:
+    return ApiCall("DELETE", _path(paths.JOB, job=_job_name.validate_python(job)), JobDeleted)
 
 
 def health_call() -> ApiCall[Health]:

@@ -38,6 +38,7 @@ from trace_proto import (
     Health,
     HistoryIn,
     InstructionsResponse,
+    JobDeleted,
     JobStats,
     PredictorInfo,
     PredictResponse,
@@ -149,9 +150,11 @@ class TraceClient(_Options):
         """`POST /v1/trees/{tree_id}/close`: stop waiting for outstanding rollouts; returns the tree."""
         return self._send(_core.close_tree_call(tree_id), timeout)
 
-    def predictor_info(self, *, timeout: TimeoutOption | None = None) -> PredictorInfo:
-        """`GET /v1/predictor`."""
-        return self._send(_core.predictor_call(), timeout)
+    def predictor_info(
+        self, job: str = DEFAULT_JOB, *, timeout: TimeoutOption | None = None
+    ) -> PredictorInfo:
+        """`GET /v1/predictor`: the job's predictor."""
+        return self._send(_core.predictor_call(job), timeout)
 
     def predict(
         self, histories: Sequence[HistoryIn], *, job: str = DEFAULT_JOB, timeout: TimeoutOption | None = None
@@ -162,6 +165,10 @@ class TraceClient(_Options):
     def job_stats(self, job: str = DEFAULT_JOB, *, timeout: TimeoutOption | None = None) -> JobStats:
         """`GET /v1/jobs/{job}/stats`."""
         return self._send(_core.job_stats_call(job), timeout)
+
+    def delete_job(self, job: str, *, timeout: TimeoutOption | None = None) -> JobDeleted:
+        """`DELETE /v1/jobs/{job}`: everything of the job, its predictor included."""
+        return self._send(_core.delete_job_call(job), timeout)
 
     def health(self, *, timeout: TimeoutOption | None = None) -> Health:
         """`GET /healthz`."""
@@ -268,9 +275,11 @@ class AsyncTraceClient(_Options):
         """`POST /v1/trees/{tree_id}/close`: stop waiting for outstanding rollouts; returns the tree."""
         return await self._send(_core.close_tree_call(tree_id), timeout)
 
-    async def predictor_info(self, *, timeout: TimeoutOption | None = None) -> PredictorInfo:
-        """`GET /v1/predictor`."""
-        return await self._send(_core.predictor_call(), timeout)
+    async def predictor_info(
+        self, job: str = DEFAULT_JOB, *, timeout: TimeoutOption | None = None
+    ) -> PredictorInfo:
+        """`GET /v1/predictor`: the job's predictor."""
+        return await self._send(_core.predictor_call(job), timeout)
 
     async def predict(
         self, histories: Sequence[HistoryIn], *, job: str = DEFAULT_JOB, timeout: TimeoutOption | None = None
@@ -281,6 +290,10 @@ class AsyncTraceClient(_Options):
     async def job_stats(self, job: str = DEFAULT_JOB, *, timeout: TimeoutOption | None = None) -> JobStats:
         """`GET /v1/jobs/{job}/stats`."""
         return await self._send(_core.job_stats_call(job), timeout)
+
+    async def delete_job(self, job: str, *, timeout: TimeoutOption | None = None) -> JobDeleted:
+        """`DELETE /v1/jobs/{job}`: everything of the job, its predictor included."""
+        return await self._send(_core.delete_job_call(job), timeout)
 
     async def health(self, *, timeout: TimeoutOption | None = None) -> Health:
         """`GET /healthz`."""

@@ -11,6 +11,7 @@ import logging
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
@@ -37,8 +38,9 @@ from trace_service.middleware import (
     MetricsMiddleware,
     RequestContextMiddleware,
 )
+from trace_service.predictor import PredictorConfig
+from trace_service.predictors import PredictorRegistry
 from trace_service.routers import allocate, expand, health, predictor, trees
-from trace_service.runtime import PredictorRuntime, build_predictor
 from trace_service.settings import Settings
 from trace_service.store import TreeStore, connect
 from trace_service.store.embedded import embedded_redis
@@ -107,25 +109,24 @@ def create_app(
             job_ttl=settings.job_ttl_seconds,
             idempotency_ttl=settings.idempotency_ttl_seconds,
         )
-        model = build_predictor(
-            settings.predictor_device, settings.predictor_feature_dim, settings.predictor_checkpoint
+        checkpoint = settings.predictor_checkpoint
+        base = await asyncio.to_thread(Path(checkpoint).read_bytes) if checkpoint else None
+        predictors = PredictorRegistry(
+            tree_store,
+            metrics,
+            PredictorConfig(device=settings.predictor_device, feature_dim=settings.predictor_feature_dim),
+            capacity=settings.predictor_max_jobs,
+            success_threshold=settings.success_threshold,
+            train_steps=settings.train_steps_per_round,
+            base=base,
         )
-        if settings.torch_threads or model.device.type == "cpu":
+        if settings.torch_threads or predictors.cold.device.type == "cpu":
             import torch
 
             # A serving replica's forward passes are small: on a CPU, intra-op threads wait on each
             # other (and on the event loop's core) more than they help.
             torch.set_num_threads(settings.torch_threads or 1)
-        runtime = PredictorRuntime(
-            model,
-            tree_store,
-            metrics,
-            success_threshold=settings.success_threshold,
-            train_steps=settings.train_steps_per_round,
-        )
-        with contextlib.suppress(RedisError, OSError), tracing.untraced():
-            await runtime.refresh(train=False)  # start from the newest published weights
-        engine = build_engine(tree_store, runtime, settings, metrics, clock=app.state.clock)
+        engine = build_engine(tree_store, predictors, settings, metrics, clock=app.state.clock)
         app.state.engine = engine
         metrics_server = (
             start_http_server(settings.metrics_port, settings.metrics_host, registry=registry)[0]
@@ -153,7 +154,7 @@ def create_app(
                 asyncio.create_task(
                     _every(
                         settings.train_interval_seconds,
-                        lambda: runtime.refresh(train=settings.trainer),
+                        lambda: predictors.refresh(train=settings.trainer),
                         "predictor",
                         stop,
                         metrics,
@@ -170,6 +171,8 @@ def create_app(
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            with contextlib.suppress(RedisError, OSError):
+                await predictors.close()  # what this replica trains is written down before it goes
             if store is None:
                 await tree_store.aclose()
             if embedded is not None:

@@ -14,12 +14,13 @@ from trace_service.engine import (
     Engine,
     Instructions,
     Intake,
+    Jobs,
     JobStatistics,
     Predictions,
     Readiness,
     Trees,
 )
-from trace_service.runtime import PredictorRuntime
+from trace_service.predictors import PredictorRegistry
 from trace_service.settings import Settings
 
 
@@ -48,12 +49,16 @@ async def get_stats(request: Request) -> JobStatistics:
     return _engine(request).stats
 
 
+async def get_jobs(request: Request) -> Jobs:
+    return _engine(request).jobs
+
+
 async def get_predictions(request: Request) -> Predictions:
     return _engine(request).predictions
 
 
-async def get_predictor(request: Request) -> PredictorRuntime:
-    return _engine(request).predictor
+async def get_predictors(request: Request) -> PredictorRegistry:
+    return _engine(request).predictors
 
 
 async def get_readiness(request: Request) -> Readiness:
@@ -70,7 +75,8 @@ IntakeDep = Annotated[Intake, Depends(get_intake)]
 InstructionsDep = Annotated[Instructions, Depends(get_instructions)]
 TreesDep = Annotated[Trees, Depends(get_trees)]
 StatsDep = Annotated[JobStatistics, Depends(get_stats)]
+JobsDep = Annotated[Jobs, Depends(get_jobs)]
 PredictionsDep = Annotated[Predictions, Depends(get_predictions)]
-PredictorDep = Annotated[PredictorRuntime, Depends(get_predictor)]
+PredictorsDep = Annotated[PredictorRegistry, Depends(get_predictors)]
 ReadinessDep = Annotated[Readiness, Depends(get_readiness)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]

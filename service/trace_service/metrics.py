@@ -88,6 +88,8 @@ METRIC_NAMES: Final[frozenset[str]] = frozenset(
         "trace_predictor_continuation_freshness",
         "trace_predictor_train_duration_seconds",
         "trace_predictor_load_failures_total",
+        "trace_predictor_resident_jobs",
+        "trace_predictor_evictions_total",
         "trace_store_errors_total",
         "trace_store_up",
     }
@@ -231,45 +233,60 @@ class Metrics:
         self.predictor_version = Gauge(
             "trace_predictor_version",
             "Version of the predictor weights this replica serves (0 before the first training round).",
+            [JOB_LABEL],
             registry=registry,
         )
         self.predictor_examples = Counter(
             "trace_predictor_examples_total",
             "Training examples (prefixes with their recursive targets) the predictor was trained on.",
+            [JOB_LABEL],
             registry=registry,
         )
         self.predictor_brier_score = Gauge(
             "trace_predictor_brier_score",
             "Brier score of the served predictor on held-out trees (NaN while undefined).",
+            [JOB_LABEL],
             registry=registry,
         )
         self.predictor_calibration_error = Gauge(
             "trace_predictor_calibration_error",
             "Expected calibration error of the served predictor on held-out trees (NaN while undefined).",
+            [JOB_LABEL],
             registry=registry,
         )
         self.predictor_spearman = Gauge(
             "trace_predictor_spearman",
             "Spearman rank correlation of predictions and targets on held-out trees (NaN while undefined).",
+            [JOB_LABEL],
             registry=registry,
         )
         self.predictor_prior_log_likelihood = Gauge(
             "trace_predictor_prior_log_likelihood",
             "Mean log marginal likelihood per held-out group of bare rollouts under each prior source "
             "(network: the predictor's prior; history: one constant for every prompt); the higher is served.",
-            ["source"],
+            [JOB_LABEL, "source"],
             registry=registry,
         )
-        for source in PRIOR_SOURCES:  # NaN until measured, so that every series exists from the start
-            self.predictor_prior_log_likelihood.labels(source).set(math.nan)
         self.predictor_prior_concentration = Gauge(
             "trace_predictor_prior_concentration",
             "Concentration κ of the served Beta prior: how far a prompt's own outcomes move its estimate.",
+            [JOB_LABEL],
             registry=registry,
         )
         self.predictor_continuation_freshness = Gauge(
             "trace_predictor_continuation_freshness",
             "How often a continuation flips the outcome it branched from, relative to a fresh rollout.",
+            [JOB_LABEL],
+            registry=registry,
+        )
+        self.predictor_resident = Gauge(
+            "trace_predictor_resident_jobs",
+            "Jobs whose own predictor this replica keeps in memory (at most TRACE_PREDICTOR_MAX_JOBS).",
+            registry=registry,
+        )
+        self.predictor_evictions = Counter(
+            "trace_predictor_evictions_total",
+            "Jobs' predictors set down to the store to make room for another job's.",
             registry=registry,
         )
         self.predictor_train_duration = Histogram(
@@ -280,7 +297,7 @@ class Metrics:
         )
         self.predictor_load_failures = Counter(
             "trace_predictor_load_failures_total",
-            "Failed attempts to load published predictor weights.",
+            "Failed attempts to load a job's published predictor weights or its predictor set down.",
             registry=registry,
         )
 
@@ -308,12 +325,19 @@ class Metrics:
             (self.budget_unspent, ((),)),
             (self.trees_completed, (("true",), ("false",))),
             (self.effective_ratio, ((),)),
+            (self.predictor_version, ((),)),
+            (self.predictor_examples, ((),)),
+            (self.predictor_brier_score, ((),)),
+            (self.predictor_calibration_error, ((),)),
+            (self.predictor_spearman, ((),)),
+            (self.predictor_prior_log_likelihood, tuple((source,) for source in PRIOR_SOURCES)),
+            (self.predictor_prior_concentration, ((),)),
+            (self.predictor_continuation_freshness, ((),)),
         ]
 
         # Series with a fixed label set exist from the start, so that rate() sees their first increase.
         for outcome in EXPAND_OUTCOMES:
             self.expand_events.labels(outcome=outcome)
-        self.observe_predictor(version=0, brier=None, ece=None, spearman=None)
 
     def job_label(self, job: str) -> str:
         """The ``training_job`` value for ``job``: itself while tracked (at most ``max_jobs`` at a time),
@@ -331,6 +355,11 @@ class Metrics:
             return job
         return OTHER_JOBS
 
+    def forget_job(self, job: str) -> None:
+        """Drop a deleted job's series now, rather than once it has been idle long enough."""
+        if self._last_seen.pop(job, None) is not None:
+            self._drop_series(job)
+
     def _drop_series(self, job: str) -> None:
         for family, others in self._job_series:
             for rest in others:
@@ -339,6 +368,7 @@ class Metrics:
 
     def observe_predictor(
         self,
+        job: str,
         version: int,
         brier: float | None,
         ece: float | None,
@@ -348,12 +378,14 @@ class Metrics:
         concentration: float | None = None,
         freshness: float | None = None,
     ) -> None:
-        """Publish the served predictor's version and held-out quality; ``None`` means undefined."""
-        self.predictor_version.set(version)
-        self.predictor_brier_score.set(_gauge_value(brier))
-        self.predictor_calibration_error.set(_gauge_value(ece))
-        self.predictor_spearman.set(_gauge_value(spearman))
-        for source, value in (prior_log_likelihood or {}).items():
-            self.predictor_prior_log_likelihood.labels(source).set(value)
-        self.predictor_prior_concentration.set(_gauge_value(concentration))
-        self.predictor_continuation_freshness.set(_gauge_value(freshness))
+        """Publish a job's served predictor's version and held-out quality (``job`` is its label,
+        :meth:`job_label`); ``None`` means undefined, and a prior source not measured is NaN."""
+        self.predictor_version.labels(job).set(version)
+        self.predictor_brier_score.labels(job).set(_gauge_value(brier))
+        self.predictor_calibration_error.labels(job).set(_gauge_value(ece))
+        self.predictor_spearman.labels(job).set(_gauge_value(spearman))
+        measured = prior_log_likelihood or {}
+        for source in PRIOR_SOURCES:
+            self.predictor_prior_log_likelihood.labels(job, source).set(measured.get(source, math.nan))
+        self.predictor_prior_concentration.labels(job).set(_gauge_value(concentration))
+        self.predictor_continuation_freshness.labels(job).set(_gauge_value(freshness))

@@ -1,18 +1,17 @@
-"""The predictor inside the service: inference off the event loop, training in one place, weights
-shared through the store.
+"""One job's predictor inside the service: inference off the event loop, training in one place,
+weights shared through the store (``trace_service.predictors`` keeps one per job).
 
-Every replica serves predictions from its own copy of the model.  One replica at a time holds the
-trainer's lease in the store; it turns completed trees into examples (targets V̂ and visit weights from
-:func:`trace_service.tree.tree_targets`), trains in a worker thread and publishes versioned weights;
-the others load a newer version when they see one.
+Every replica serves a job's predictions from its own copy of the job's model.  One replica at a time
+holds the job's trainer lease in the store; it turns the job's completed trees into examples (targets
+V̂ and visit weights from :func:`trace_service.tree.tree_targets`), trains in a worker thread and
+publishes versioned weights; the others load a newer version when they see one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -25,7 +24,6 @@ from trace_service.predictor import (
     HistoryFeaturizer,
     OutcomeCounts,
     Predictive,
-    PredictorConfig,
     PredictorDiagnostics,
     Query,
     RootGroup,
@@ -46,22 +44,35 @@ _Waiting = tuple[list[Query], "asyncio.Future[VersionedPredictive]"]
 
 
 class PredictorRuntime:
+    """One job's predictor on this replica: batched inference off the loop, training rounds from the
+    job's completed trees, and its weights in the store.
+
+    A job with nothing learned yet serves from ``predictor``, the registry's shared cold predictor
+    (``owned`` false: never trained, so every cold job predicts alike); its first training round or
+    its first published weights give it a predictor of its own (``new_predictor``).
+    """
+
     def __init__(
         self,
+        job: str,
         predictor: SuccessPredictor,
         store: TreeStore,
         metrics: Metrics,
         *,
+        owned: bool,
+        new_predictor: Callable[[], SuccessPredictor],
         success_threshold: float,
         train_steps: int,
     ) -> None:
+        self.job = job
         self.predictor = predictor
+        self.owned = owned
         self.store = store
         self.metrics = metrics
         self.success_threshold = success_threshold
         self.train_steps = train_steps
-        self.owner = uuid.uuid4().hex
-        self._train_lock = asyncio.Lock()
+        self._new_predictor = new_predictor
+        self.lock = asyncio.Lock()  # training, loading and setting down take turns
         self._waiting: list[_Waiting] = []
         self._batcher: asyncio.Task[None] | None = None
 
@@ -122,34 +133,6 @@ class PredictorRuntime:
                 )
             start += len(queries)
 
-    def encode_tree(
-        self, tree: StoredTree, nodes: Iterable[int] | None = None
-    ) -> tuple[EncodedHistory, dict[str, EncodedHistory]]:
-        """Encode the prompt and the histories of ``nodes`` (indices into ``tree.nodes``; all nodes by
-        default) in one pass.  A history extends its parent's, so the nodes' ancestors are encoded too."""
-        parents = tree.parent_indices()
-        if nodes is None:
-            kept: Sequence[int] = range(len(tree.nodes))
-        else:
-            marked: set[int] = set()
-            for index in nodes:
-                while index >= 0 and index not in marked:
-                    marked.add(index)
-                    index = parents[index]
-            kept = sorted(marked)  # nodes are stored parents first, so this order is too
-        position = {index: rank for rank, index in enumerate(kept)}
-        meta = tree.meta
-        root, encoded = self.featurizer.encode_tree(
-            meta.prompt_id,
-            tree.prompt_text,
-            meta.prompt_features,
-            [Turn(tree.nodes[index].text, tree.nodes[index].features) for index in kept],
-            [position[parents[index]] if parents[index] >= 0 else -1 for index in kept],
-        )
-        return root, {
-            tree.nodes[index].node_id: history for index, history in zip(kept, encoded, strict=True)
-        }
-
     def training_data(self, tree: StoredTree) -> tuple[list[TrainingExample], RootGroup | None]:
         """Training examples from a finished tree (every node with a scored leaf below, and the root)
         and the group of its bare rollouts, which the calibration is fitted to."""
@@ -157,7 +140,7 @@ class PredictorRuntime:
             return [], None
         targets = tree.targets(self.success_threshold)
         outcomes = OutcomeCounts(*tree.meta.prior_outcomes)
-        root, encoded = self.encode_tree(tree)
+        root, encoded = encode_tree(self.featurizer, tree)
         examples = [
             TrainingExample(
                 encoded[node.node_id], float(targets.value[i]), float(targets.visits[i]), outcomes
@@ -174,6 +157,11 @@ class PredictorRuntime:
     def _learn_from(self, tree: StoredTree) -> int:
         """Add one finished tree's examples, group and continuation flips to the predictor's buffers;
         the number of examples added."""
+        if tree.meta.job != self.job:  # never another job's outcomes
+            logger.warning(
+                "tree %s of job %r queued for job %r; skipped", tree.meta.tree_id, tree.meta.job, self.job
+            )
+            return 0
         examples, group = self.training_data(tree)
         flips = tree.continuation_flips(self.success_threshold)
         if examples:
@@ -186,54 +174,76 @@ class PredictorRuntime:
         """ρ of Stage 1's joint objective, learned with the weights (``SuccessPredictor.freshness``)."""
         return self.predictor.freshness
 
-    async def refresh(self, *, train: bool = True) -> None:
-        """One round of background work: train if this replica is the trainer, else load new weights."""
-        async with self._train_lock:
-            if train and await self.store.hold_trainer_lease(self.owner, ttl=60.0):
-                await self._train_once()
-            else:
-                await self._load_newer()
+    def _own(self) -> None:
+        if not self.owned:
+            self.predictor, self.owned = self._new_predictor(), True
 
-    async def _train_once(self) -> None:
-        tree_ids = await self.store.pop_completed(512)
-        added = 0
-        for tree_id in tree_ids:
-            try:
-                # Encoding every node of a large tree takes seconds: beside the loop, as its parsing.
-                added += await self.store.with_tree(tree_id, self._learn_from) or 0
-            except ValueError as error:  # a malformed tree must not stop training on the others
-                logger.warning("skipping tree %s for training: %s", tree_id, error)
-        if added:
-            self.metrics.predictor_examples.inc(added)
-        if self.predictor.examples_seen == 0 or not added:
-            return
-        with self.metrics.predictor_train_duration.time():
-            result = await asyncio.to_thread(self.predictor.train_round, self.train_steps)
-        if result.steps:
-            blob = await asyncio.to_thread(self.predictor.to_bytes)
-            await self.store.publish_weights(result.version, blob)
-            await self._observe()
+    async def train(self, most_trees: int = 512) -> None:
+        """One training round on the job's completed trees, if any; publishes the new weights."""
+        async with self.lock:
+            tree_ids = await self.store.pop_completed(self.job, most_trees)
+            if not tree_ids:
+                return
+            self._own()
+            added = 0
+            for tree_id in tree_ids:
+                try:
+                    # Encoding every node of a large tree takes seconds: beside the loop, as its parsing.
+                    added += await self.store.with_tree(tree_id, self._learn_from) or 0
+                except ValueError as error:  # a malformed tree must not stop training on the others
+                    logger.warning("skipping tree %s for training: %s", tree_id, error)
+            label = self.metrics.job_label(self.job)
+            if added:
+                self.metrics.predictor_examples.labels(label).inc(added)
+            if self.predictor.examples_seen == 0 or not added:
+                return
+            with self.metrics.predictor_train_duration.time():
+                result = await asyncio.to_thread(self.predictor.train_round, self.train_steps)
+            if result.steps:
+                blob = await asyncio.to_thread(self.predictor.to_bytes)
+                await self.store.publish_weights(self.job, result.version, blob)
+                await self._observe()
 
-    async def _load_newer(self) -> None:
-        if await self.store.weights_version() <= self.predictor.version:
-            return
-        published = await self.store.load_weights()
-        if published is None:
-            return
+    async def load_newer(self) -> None:
+        """Adopt the job's published weights if they are newer than the ones served here."""
+        async with self.lock:
+            if await self.store.weights_version(self.job) <= self.predictor.version:
+                return
+            published = await self.store.load_weights(self.job)
+            if published is None:
+                return
+            await self.adopt(*published)
+
+    async def adopt(self, version: int, blob: bytes) -> bool:
+        """Serve the weights ``blob`` (of ``version``) if newer; a damaged blob is counted and refused."""
+        previous = self.predictor.version
+        if version <= previous:
+            return False
+        self._own()
         try:
-            await asyncio.to_thread(self.predictor.update_from_bytes, published[1])
+            await asyncio.to_thread(self.predictor.update_from_bytes, blob)
         except CheckpointError as error:
             self.metrics.predictor_load_failures.inc()
             logger.error(
-                "published predictor weights v%s rejected, keeping v%s: %s", published[0], self.version, error
+                "job %r: published predictor weights v%s rejected, keeping v%s: %s",
+                self.job,
+                version,
+                previous,
+                error,
             )
-            return
+            return False
         await self._observe()
+        return True
+
+    async def whole(self) -> bytes:
+        """The job's whole predictor, training data included (``SuccessPredictor.to_bytes``)."""
+        return await asyncio.to_thread(self.predictor.to_bytes, with_training_data=True)
 
     async def _observe(self) -> None:
         report = await self._diagnostics()
         calibration = self.predictor.calibration
         self.metrics.observe_predictor(
+            self.metrics.job_label(self.job),
             version=report.version,
             brier=report.brier,
             ece=report.ece,
@@ -251,6 +261,7 @@ class PredictorRuntime:
         report = await self._diagnostics()
         calibration = self.predictor.calibration
         return PredictorInfo(
+            job=self.job,
             version=report.version,
             examples_seen=report.examples_seen,
             brier=report.brier,
@@ -268,8 +279,28 @@ class PredictorRuntime:
         )
 
 
-def build_predictor(device: str, feature_dim: int, checkpoint: str) -> SuccessPredictor:
-    config = PredictorConfig(device=device, feature_dim=feature_dim)
-    if checkpoint:
-        return SuccessPredictor.load(checkpoint, config)
-    return SuccessPredictor(config)
+def encode_tree(
+    featurizer: HistoryFeaturizer, tree: StoredTree, nodes: Iterable[int] | None = None
+) -> tuple[EncodedHistory, dict[str, EncodedHistory]]:
+    """Encode the prompt and the histories of ``nodes`` (indices into ``tree.nodes``; all nodes by
+    default) in one pass.  A history extends its parent's, so the nodes' ancestors are encoded too."""
+    parents = tree.parent_indices()
+    if nodes is None:
+        kept: Sequence[int] = range(len(tree.nodes))
+    else:
+        marked: set[int] = set()
+        for index in nodes:
+            while index >= 0 and index not in marked:
+                marked.add(index)
+                index = parents[index]
+        kept = sorted(marked)  # nodes are stored parents first, so this order is too
+    position = {index: rank for rank, index in enumerate(kept)}
+    meta = tree.meta
+    root, encoded = featurizer.encode_tree(
+        meta.prompt_id,
+        tree.prompt_text,
+        meta.prompt_features,
+        [Turn(tree.nodes[index].text, tree.nodes[index].features) for index in kept],
+        [position[parents[index]] if parents[index] >= 0 else -1 for index in kept],
+    )
+    return root, {tree.nodes[index].node_id: history for index, history in zip(kept, encoded, strict=True)}

@@ -63,11 +63,21 @@ class Settings(BaseSettings):
     predictor_feature_dim: int = Field(
         default=0, ge=0, description="Length of client feature vectors; 0: none."
     )
-    predictor_checkpoint: str = Field(default="", description="Load weights from this file at start if set.")
+    predictor_checkpoint: str = Field(
+        default="", description="Weights every new job's predictor starts from, if set (else untrained)."
+    )
+    predictor_max_jobs: int = Field(
+        default=16,
+        ge=1,
+        description="Jobs whose own predictor this replica keeps in memory (about 50 MB each on the "
+        "default architecture, plus its training data); beyond it the least recently used is written to "
+        "the store and loaded back on its next request.",
+    )
     trainer: bool = Field(
         default=True,
-        description="Train the predictor while this replica holds the trainer lease; false: serve only, "
-        "loading the weights a trainer replica publishes (on CPUs, training beside serving costs latency).",
+        description="Train jobs' predictors, up to this replica's share of the jobs that want training, "
+        "each while this replica holds the job's trainer lease; false: serve only, loading the weights "
+        "trainer replicas publish (on CPUs, training beside serving costs latency).",
     )
     train_interval_seconds: float = Field(default=2.0, gt=0)
     train_steps_per_round: int = Field(default=50, ge=1)

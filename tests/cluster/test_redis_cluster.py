@@ -64,11 +64,11 @@ def assert_every_key_expires(cluster: RedisCluster, prefix: str) -> None:
     assert without_expiry == {}
 
 
-def wait_for_published_weights(cluster: RedisCluster, prefix: str) -> None:
+def wait_for_published_weights(cluster: RedisCluster, prefix: str, job: str) -> None:
     """Until the first publication of predictor weights has its expiry.  A replica shut down while it
     publishes for the first time leaves an immortal key (tests/fault/test_fault_store_windows.py shows
     that bug on its own); waiting keeps it out of these tests."""
-    weights = f"{prefix}:{{predictor}}:weights"
+    weights = f"{prefix}:{{j:{job}}}:weights"
     deadline = time.monotonic() + 10
     with redis.RedisCluster(host="127.0.0.1", port=cluster.ports[0]) as client:
         while client.ttl(weights) <= 0 and time.monotonic() < deadline:
@@ -134,8 +134,8 @@ def test_the_v1_flow_on_a_three_master_cluster(cluster: RedisCluster) -> None:
         assert step.continuations_spent == sum(promised.values()) - promised[closed]
 
         # The trainer takes completed trees from the store and publishes weights there.
-        wait_for_published_weights(cluster, settings.store_prefix)
-        assert client.predictor_info().version > 0
+        wait_for_published_weights(cluster, settings.store_prefix, "cluster")
+        assert client.predictor_info("cluster").version > 0
 
     keys = keys_by_node(cluster, settings.store_prefix)
     tree_metas = Counter(port for port, found in keys.items() for key in found if key.endswith(":meta"))
@@ -156,7 +156,7 @@ async def test_two_replicas_under_storms_on_a_cluster(cluster: RedisCluster) -> 
             audit = await export_run(replicas, run)
         finally:
             await replicas.aclose()
-        wait_for_published_weights(cluster, settings.store_prefix)
+        wait_for_published_weights(cluster, settings.store_prefix, STORM.job)
     assert audit.clean
     assert audit.complete == audit.trees == 12
     assert not replicas.ledger.failures  # a CROSSSLOT error would be a 503 here

@@ -21,7 +21,7 @@ async def test_a_predictor_that_fails_makes_the_replica_unready(
     def broken(queries: object) -> None:
         raise RuntimeError("weights on a lost device")
 
-    monkeypatch.setattr(wired.engine.predictor.predictor, "predict_versioned", broken)
+    monkeypatch.setattr(wired.engine.predictors.cold, "predict_versioned", broken)
     assert await wired.engine.readiness.check() == Ready(ready=False, store=True, predictor=False)
 
 
@@ -31,7 +31,7 @@ async def test_a_predictor_that_answers_no_probability_makes_the_replica_unready
     def diverged(queries: list[object]) -> tuple[int, Predictive]:
         return 7, Predictive(np.full(len(queries), np.nan), np.ones(len(queries)))
 
-    monkeypatch.setattr(wired.engine.predictor.predictor, "predict_versioned", diverged)
+    monkeypatch.setattr(wired.engine.predictors.cold, "predict_versioned", diverged)
     assert await wired.engine.readiness.check() == Ready(ready=False, store=True, predictor=False)
 
 

@@ -165,10 +165,12 @@ def test_a_tree_completed_before_a_store_failure_still_trains_the_predictor(
 
 #: Store writes that create keys.
 WRITES: dict[str, Callable[[TreeStore], Awaitable[None]]] = {
-    "publish_weights": lambda store: store.publish_weights(1, b"weights"),
+    "publish_weights": lambda store: store.publish_weights("job", 1, b"weights"),
+    "save_predictor": lambda store: store.save_predictor("job", b"whole"),
+    "trainers": lambda store: store.trainers("owner", time.time(), 60.0),
     "index_allocation": lambda store: store.index_allocation("job", 0, "a1", 8, ["t1", "t2"], 4, time.time()),
     "queue_instructions": lambda store: store.queue_instructions("job", "t1", {"i1": time.time()}),
-    "push_completed": lambda store: store.push_completed("t1"),
+    "push_completed": lambda store: store.push_completed("job", "t1"),
 }
 
 

@@ -12,7 +12,14 @@ import pytest
 import torch
 from predictor_synthetic import SyntheticTask, tiny_config
 
-from trace_service.predictor import CheckpointError, Query, SuccessPredictor
+from trace_service.predictor import (
+    CheckpointError,
+    OutcomeCounts,
+    Query,
+    RootGroup,
+    SuccessPredictor,
+    TrainingExample,
+)
 from trace_service.predictor.checkpoint import CHECKPOINT_FORMAT, MAGIC, decode_checkpoint, encode_checkpoint
 
 
@@ -52,6 +59,68 @@ def test_restored_predictor_keeps_training_with_increasing_versions(synthetic_ta
     rng = np.random.default_rng(5)
     restored.add_examples(synthetic_task.examples(synthetic_task.tree(restored.featurizer, rng, "new")))
     assert restored.train_round(max_steps=1).version == 3
+
+
+def described(item: TrainingExample | RootGroup) -> tuple[object, ...]:
+    """An example or group as plain values: its history's fields (arrays as lists) and the rest."""
+    history = item.history if isinstance(item, TrainingExample) else item.root
+    fields = [
+        value.tolist() if isinstance(value, np.ndarray) else value
+        for value in (getattr(history, name) for name in history.__slots__)
+    ]
+    fields[2] = [turn.tolist() for turn in history.turn_tokens]
+    rest = (item.target, item.weight) if isinstance(item, TrainingExample) else (item.successes, item.trials)
+    return (*fields, *rest, item.outcomes)
+
+
+def test_a_checkpoint_with_training_data_gives_back_the_whole_predictor(
+    synthetic_task: SyntheticTask,
+) -> None:
+    # Features on every history, a held-out share and groups: every part of the training data travels.
+    predictor = SuccessPredictor(tiny_config(holdout_every=3, replay_capacity=50, feature_dim=2))
+    rng = np.random.default_rng(0)
+    for index in range(30):  # more than the replay buffer holds: its FIFO order must survive
+        root = predictor.featurizer.encode_prompt(f"p{index}", f"prompt {index}", [0.5, float(index)])
+        first = predictor.featurizer.extend(root, "a turn", [1.0, -1.0])
+        leaf = predictor.featurizer.extend(first, "the answer")
+        success = int(rng.integers(0, 2))
+        outcomes = OutcomeCounts(float(index % 3), 4.0)
+        predictor.add_examples(
+            [TrainingExample(h, float(success), 1.0, outcomes) for h in (first, leaf)]
+            + [TrainingExample(root, 0.5, 2.0, outcomes)],
+            RootGroup(root, success, 2, outcomes),
+        )
+    predictor.train_round(max_steps=3)
+    queries = [node.query for node in synthetic_task.tree(predictor.featurizer, rng, "probe")]
+
+    restored = SuccessPredictor.from_bytes(
+        predictor.to_bytes(with_training_data=True),
+        tiny_config(holdout_every=3, replay_capacity=50, feature_dim=2),
+    )
+    assert restored.version == predictor.version
+    np.testing.assert_array_equal(restored.predict(queries), predictor.predict(queries))
+    assert restored.diagnostics() == predictor.diagnostics()
+    for name in ("_replay", "_holdout", "_groups", "_holdout_groups"):
+        before, after = getattr(predictor, name).oldest_first(), getattr(restored, name).oldest_first()
+        assert len(after) == len(before) > 0
+        assert [described(item) for item in after] == [described(item) for item in before]
+    # Both go on alike: the same examples give the same next round.
+    more = synthetic_task.examples(synthetic_task.tree(predictor.featurizer, rng, "more"))
+    for each in (predictor, restored):
+        each.add_examples(more)
+    assert restored.train_round(max_steps=2).steps == predictor.train_round(max_steps=2).steps
+    # The plain checkpoint (what replicas publish) holds no training data.
+    assert len(SuccessPredictor.from_bytes(predictor.to_bytes())._replay) == 0
+
+
+def test_malformed_training_data_is_a_checkpoint_error() -> None:
+    predictor = SuccessPredictor(tiny_config())
+    root = predictor.featurizer.encode_prompt("p", "text")
+    predictor.add_examples([TrainingExample(root, 1.0, 1.0)])
+    header, state = decode_checkpoint(predictor.to_bytes(with_training_data=True))
+    header["training_data"]["replay"][0][0] = 7  # a history that does not exist
+    with pytest.raises(CheckpointError, match="training data"):
+        SuccessPredictor.from_bytes(encode_checkpoint(header, state))
 
 
 def test_untrained_checkpoint_restores_the_cold_start() -> None:

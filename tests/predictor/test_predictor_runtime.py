@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from trace_proto import ExpandEvent
 from trace_service.metrics import Metrics
 from trace_service.predictor import FeaturizerConfig, HistoryFeaturizer, Predictive, Query, SuccessPredictor
-from trace_service.runtime import PredictorRuntime
+from trace_service.runtime import PredictorRuntime, encode_tree
 from trace_service.store import NewTree, TreeStore
 
 
@@ -26,9 +26,12 @@ def trained_runtime(task: SyntheticTask) -> tuple[PredictorRuntime, list[list[Qu
         predictor.add_examples(task.examples(nodes))
     predictor.train_round(20)
     runtime = PredictorRuntime(
+        "job",
         predictor,
         TreeStore(fakeredis.FakeAsyncRedis()),
         Metrics(CollectorRegistry()),
+        owned=True,
+        new_predictor=lambda: SuccessPredictor(tiny_config()),
         success_threshold=0.5,
         train_steps=1,
     )
@@ -132,9 +135,9 @@ async def test_encoding_part_of_a_tree_gives_those_nodes_and_their_ancestors_the
     await store.apply_events([("t", events)], now=1.0, success_threshold=0.5, decision_lease=30.0)
     tree = await store.load_tree("t")
     assert tree is not None
-    full_root, full = runtime.encode_tree(tree)
+    full_root, full = encode_tree(runtime.featurizer, tree)
     index = {node.node_id: i for i, node in enumerate(tree.nodes)}
-    root, part = runtime.encode_tree(tree, [index["a2"]])
+    root, part = encode_tree(runtime.featurizer, tree, [index["a2"]])
     assert set(part) == {"a1", "a2"}
     assert root.prompt_tokens.tolist() == full_root.prompt_tokens.tolist()
     for node_id, history in part.items():

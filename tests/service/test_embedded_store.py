@@ -81,7 +81,7 @@ def wait_for_published_predictor(client: httpx.Client, data_dir: Path) -> int:
     with store_client(data_dir) as store:
         while time.monotonic() < deadline:
             version = int(client.get("/v1/predictor").json()["version"])
-            if version > 0 and int(store.hget("trace:{predictor}:weights", "version") or 0) >= version:
+            if version > 0 and int(store.hget("trace:{j:default}:weights", "version") or 0) >= version:
                 return version
             time.sleep(0.2)
     raise TimeoutError("the predictor never trained")

@@ -19,6 +19,6 @@ def test_readyz_answers_503_when_the_predictor_cannot_predict(
     def broken(queries: object) -> None:
         raise RuntimeError("weights on a lost device")
 
-    monkeypatch.setattr(service.app.state.engine.predictor.predictor, "predict_versioned", broken)
+    monkeypatch.setattr(service.app.state.engine.predictors.cold, "predict_versioned", broken)
     answer = httpx.get(f"{service.url}/readyz")
     assert (answer.status_code, answer.json()) == (503, {"ready": False, "store": True, "predictor": False})

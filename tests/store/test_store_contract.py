@@ -17,9 +17,9 @@ THRESHOLD = 0.5
 LEASE = 30.0
 
 
-def new_tree(tree_id: str, *, rollouts: int = 2, budget: int = 0, rounds: int = 1) -> NewTree:
+def new_tree(tree_id: str, *, rollouts: int = 2, budget: int = 0, rounds: int = 1, job: str = JOB) -> NewTree:
     return NewTree(
-        tree_id=tree_id, allocation_id="alloc", job=JOB, step=3, prompt_id=f"p-{tree_id}",
+        tree_id=tree_id, allocation_id="alloc", job=job, step=3, prompt_id=f"p-{tree_id}",
         prompt_text="find the key", prompt_features=None, rollouts=rollouts, expansion_budget=budget,
         rounds=rounds, policy="trace", predicted_success=0.5, return_unspent=False, prior_outcomes=(1, 4),
     )  # fmt: skip
@@ -431,10 +431,25 @@ async def test_queued_instructions_are_leased_to_one_claimant_at_a_time(store: T
     assert await store.claim_instructions(JOB, max_items=10, lease=5.0, now=1_000.0) == []
 
 
-async def test_the_trainer_lease_has_one_holder(store: TreeStore) -> None:
-    assert await store.hold_trainer_lease("a", ttl=30.0)
-    assert await store.hold_trainer_lease("a", ttl=30.0)
-    assert not await store.hold_trainer_lease("b", ttl=30.0)
+async def test_a_jobs_trainer_lease_has_one_holder(store: TreeStore) -> None:
+    assert await store.hold_trainer_lease(JOB, "a", ttl=30.0, now=1.0)
+    assert await store.hold_trainer_lease(JOB, "a", ttl=30.0, now=1.0)
+    assert not await store.hold_trainer_lease(JOB, "b", ttl=30.0, now=1.0)
+    assert await store.hold_trainer_lease("other", "b", ttl=30.0, now=1.0)  # one lease per job
+    await store.release_trainer_lease(JOB, "b")  # not b's to give up
+    assert not await store.hold_trainer_lease(JOB, "b", ttl=30.0, now=1.0)
+    assert await store.trained_jobs(now=2.0) == [JOB, "other"]
+    await store.release_trainer_lease(JOB, "a")
+    assert await store.trained_jobs(now=2.0) == ["other"]
+    assert await store.hold_trainer_lease(JOB, "b", ttl=30.0, now=1.0)
+    assert await store.trained_jobs(now=40.0) == []  # lapsed at 31
+
+
+async def test_trainers_are_counted_while_they_say_so(store: TreeStore) -> None:
+    assert await store.trainers("a", now=100.0, ttl=60.0) == 1
+    assert await store.trainers("b", now=110.0, ttl=60.0) == 2
+    assert await store.trainers("a", now=150.0, ttl=60.0) == 2
+    assert await store.trainers("a", now=175.0, ttl=60.0) == 1  # b last said so at 110
 
 
 # --- accounting and expiry ------------------------------------------------------------------------
@@ -468,9 +483,11 @@ async def test_every_key_the_store_writes_expires(store: TreeStore) -> None:
     done = await apply(store, "t1", [turn("t1", "c1", "a1", instruction_id="i1", reward=1.0)], now=20.0)
     assert done.completed and done.meta is not None
     await store.record_prompt_outcome(done.meta)
-    await store.push_completed("t1")
-    await store.publish_weights(1, b"weights")
-    await store.hold_trainer_lease("owner", ttl=30.0)
+    await store.push_completed(JOB, "t1")
+    await store.publish_weights(JOB, 1, b"weights")
+    await store.save_predictor(JOB, b"whole")
+    await store.hold_trainer_lease(JOB, "owner", ttl=30.0, now=1.0)
+    await store.trainers("owner", now=1.0, ttl=30.0)
     keys = [key async for key in store.redis.scan_iter(match=f"{store.keys.prefix}:*")]
     tree_keys = store.keys.tree("t1")
     expected = {
@@ -478,7 +495,9 @@ async def test_every_key_the_store_writes_expires(store: TreeStore) -> None:
         store.keys.jobs, store.keys.steps(JOB), store.keys.steps_info(JOB), store.keys.step_trees(JOB, 3),
         store.keys.open_trees(JOB), store.keys.idempotency(JOB, "idem"), store.keys.instruction_queue(JOB),
         store.keys.prompt_outcomes(JOB), store.keys.counted_trees(JOB), store.keys.step_totals(JOB),
-        store.keys.completed_trees, store.keys.weights, store.keys.trainer_lease,
+        store.keys.completed_trees(JOB), store.keys.weights(JOB), store.keys.trainer_lease(JOB),
+        store.keys.predictor_state(JOB), store.keys.training_wanted, store.keys.trainers,
+        store.keys.trained_jobs,
     }  # fmt: skip
     assert {key.decode() for key in keys} == expected
     ttls = {key.decode(): await store.redis.ttl(key) for key in keys}
@@ -555,17 +574,50 @@ async def test_prompt_histories_keep_the_streak_of_groups_with_one_outcome(store
     assert await store.prompt_outcomes(JOB, []) == []
 
 
-async def test_the_training_queue_keeps_the_newest_trees_and_weights_carry_their_version(
+async def test_each_jobs_training_queue_keeps_its_newest_trees_and_weights_carry_their_version(
     store: TreeStore,
 ) -> None:
     for tree_id in ("t1", "t2", "t3"):
-        await store.push_completed(tree_id, cap=2)
-    assert await store.pop_completed(10) == ["t2", "t3"]  # oldest first; t1 fell off the cap
-    assert await store.pop_completed(10) == []
-    assert await store.weights_version() == 0 and await store.load_weights() is None
-    await store.publish_weights(3, b"\x00weights")
-    assert await store.weights_version() == 3
-    assert await store.load_weights() == (3, b"\x00weights")
+        await store.push_completed(JOB, tree_id, cap=2)
+    await store.push_completed("other", "u1")
+    assert await store.training_wanted() == [JOB, "other"]
+    assert await store.pop_completed(JOB, 1) == ["t2"]  # oldest first; t1 fell off the cap
+    assert await store.training_wanted() == [JOB, "other"]
+    assert await store.pop_completed(JOB, 10) == ["t3"]
+    assert await store.training_wanted() == ["other"]  # nothing left: it no longer wants training
+    assert await store.pop_completed("other", 10) == ["u1"]
+    assert await store.weights_version(JOB) == 0 and await store.load_weights(JOB) is None
+    await store.publish_weights(JOB, 3, b"\x00weights")
+    assert await store.weights_version(JOB) == 3
+    assert await store.load_weights(JOB) == (3, b"\x00weights")
+    assert await store.load_weights("other") is None
+    assert await store.load_predictor(JOB) is None
+    await store.save_predictor(JOB, b"\x00whole")
+    assert await store.load_predictor(JOB) == b"\x00whole"
+
+
+async def test_deleting_a_job_removes_its_trees_and_keys_and_nothing_else(store: TreeStore) -> None:
+    other = "other"
+    for job, tree_id in ((JOB, "t1"), (other, "u1")):
+        await store.create_trees([new_tree(tree_id, job=job)], now=1.0)
+        await store.index_allocation(job, 3, f"alloc-{job}", 2, [tree_id], 2, now=1.0)
+        await store.remember_response(job, "idem", "fingerprint", "{}")
+        await store.push_completed(job, tree_id)
+        await store.publish_weights(job, 1, b"weights")
+        await store.save_predictor(job, b"whole")
+        await store.hold_trainer_lease(job, "owner", ttl=30.0, now=1.0)
+    before = {key async for key in store.redis.scan_iter(match=f"{store.keys.prefix}:*")}
+    assert await store.delete_job(JOB) > 0
+    after = {key async for key in store.redis.scan_iter(match=f"{store.keys.prefix}:*")}
+    gone = {key.decode() for key in before - after}
+    assert not any(other in key or "u1" in key for key in gone)
+    assert store.keys.tree("t1").meta in gone
+    assert store.keys.weights(JOB) in gone and store.keys.predictor_state(JOB) in gone
+    assert not [key for key in after if f"{{j:{JOB}}}" in key.decode() or "{t:t1}" in key.decode()]
+    assert await store.jobs() == [other] and await store.training_wanted() == [other]
+    assert not await store.job_exists(JOB) and await store.job_exists(other)
+    assert await store.load_tree("u1") is not None and await store.load_weights(other) == (1, b"weights")
+    assert await store.delete_job(JOB) == 0  # nothing left to delete
 
 
 # --- the shared continuation reserve ----------------------------------------------------------------

@@ -36,7 +36,7 @@ from trace_proto.v1.predictor import (
     PriorInfo,
     TurnIn,
 )
-from trace_proto.v1.stats import JobStats, StepStats
+from trace_proto.v1.stats import JobDeleted, JobStats, StepStats
 from trace_proto.v1.trees import TreeNode, TreeResponse, TreeStatus
 
 #: Every request and response body (and the event envelope and the claim query): one JSON Schema each.
@@ -53,6 +53,7 @@ SCHEMA_MODELS: tuple[type[RequestModel] | type[ResponseModel], ...] = (
     PredictRequest,
     PredictResponse,
     JobStats,
+    JobDeleted,
     ErrorResponse,
     Health,
     Ready,
@@ -77,6 +78,7 @@ __all__ = [
     "Instruction",
     "InstructionsQuery",
     "InstructionsResponse",
+    "JobDeleted",
     "JobStats",
     "Policy",
     "PredictRequest",

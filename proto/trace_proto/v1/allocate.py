@@ -134,7 +134,18 @@ class PromptIn(RequestModel):
 class AllocateRequest(RequestModel):
     """A training step's candidate pool and budget."""
 
-    job: JobName = Field(default=DEFAULT_JOB, description="Namespace of one training run.")
+    job: JobName = Field(
+        default=DEFAULT_JOB,
+        description="Namespace of one training run: its trees, its prompts' outcomes and its own predictor.",
+    )
+    predictor_from: JobName | None = Field(
+        default=None,
+        description=(
+            "A job whose trained predictor this job starts from (for instance the previous run of the same "
+            "experiment), copied once, while this job has no predictor of its own; ignored after that. "
+            "Unset: a new job starts from a clean predictor."
+        ),
+    )
     step: Annotated[StrictInt, Field(ge=0, le=MAX_STEP), Integral] = Field(description="The training step.")
     budget: Annotated[StrictInt, Field(ge=0, le=MAX_BUDGET), Integral] = Field(
         description="`M`: bare rollouts to spread over the prompts."

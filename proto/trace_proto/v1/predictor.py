@@ -1,4 +1,4 @@
-"""`GET /v1/predictor` and `POST /v1/predict`: the shared success predictor Ṽ(H)."""
+"""`GET /v1/predictor` and `POST /v1/predict`: a job's success predictor Ṽ(H)."""
 
 from typing import Annotated, Literal, Self
 
@@ -40,8 +40,10 @@ class PriorInfo(ResponseModel):
 
 
 class PredictorInfo(ResponseModel):
-    """The predictor's version and its quality on held-out trees; metrics are null until measured."""
+    """A job's predictor: its version and its quality on its own held-out trees; metrics are null until
+    measured."""
 
+    job: JobName = Field(default=DEFAULT_JOB, description="The job whose predictor this is.")
     version: Count = Field(description="0 = untrained (cold start).")
     examples_seen: Count
     brier: Probability | None = Field(
@@ -86,9 +88,9 @@ class HistoryIn(RequestModel):
 
 
 class PredictRequest(RequestModel):
-    """Histories to score (debugging and offline evaluation)."""
+    """Histories to score by a job's predictor (debugging and offline evaluation)."""
 
-    job: JobName = DEFAULT_JOB
+    job: JobName = Field(default=DEFAULT_JOB, description="Whose predictor and prompt outcomes to use.")
     histories: list[HistoryIn] = Field(
         min_length=1,
         max_length=MAX_HISTORIES_PER_REQUEST,

@@ -1,4 +1,4 @@
-"""`GET /v1/jobs/{job}/stats`: what allocation achieved, per training step."""
+"""`GET /v1/jobs/{job}/stats`: what allocation achieved, per training step; `DELETE /v1/jobs/{job}`."""
 
 import itertools
 from typing import Self
@@ -56,3 +56,11 @@ class JobStats(ResponseModel):
         if any(later <= earlier for earlier, later in itertools.pairwise(step_numbers)):
             raise ValueError(f"job {self.job!r}: steps must be strictly increasing; got {step_numbers}")
         return self
+
+
+class JobDeleted(ResponseModel):
+    """What `DELETE /v1/jobs/{job}` removed: every tree of the job, its prompts' outcomes, its statistics,
+    its instructions and its predictor."""
+
+    job: JobName
+    keys_deleted: Count = Field(description="Store keys removed (0: the job held nothing).")

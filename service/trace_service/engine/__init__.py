@@ -24,10 +24,10 @@ from trace_service.engine.decide import Stage2
 from trace_service.engine.instructions import Instructions
 from trace_service.engine.intake import Intake
 from trace_service.engine.maintenance import Sweeper
-from trace_service.engine.queries import JobStatistics, Predictions, Trees
+from trace_service.engine.queries import Jobs, JobStatistics, Predictions, Trees
 from trace_service.engine.readiness import Readiness
 from trace_service.metrics import Metrics
-from trace_service.runtime import PredictorRuntime
+from trace_service.predictors import PredictorRegistry
 from trace_service.settings import Settings
 from trace_service.store import TreeStore
 
@@ -39,6 +39,7 @@ __all__ = [
     "Instructions",
     "Intake",
     "JobStatistics",
+    "Jobs",
     "NotFoundError",
     "Predictions",
     "Readiness",
@@ -52,40 +53,42 @@ __all__ = [
 @dataclass(frozen=True)
 class Engine:
     """The service's components, wired once per process: the app's state holds one and each route
-    takes the component it uses (``deps``).  ``store`` and ``predictor`` are what they were built on:
-    GET /v1/predictor reads the predictor; tests and the fault harness reach the store."""
+    takes the component it uses (``deps``).  ``store`` and ``predictors`` are what they were built on:
+    GET /v1/predictor reads a job's predictor; tests and the fault harness reach the store."""
 
     store: TreeStore
-    predictor: PredictorRuntime
+    predictors: PredictorRegistry
     allocation: Allocation
     intake: Intake
     instructions: Instructions
     sweeper: Sweeper
     trees: Trees
     stats: JobStatistics
+    jobs: Jobs
     predictions: Predictions
     readiness: Readiness
 
 
 def build_engine(
     store: TreeStore,
-    predictor: PredictorRuntime,
+    predictors: PredictorRegistry,
     settings: Settings,
     metrics: Metrics,
     *,
     clock: Clock = time.time,
 ) -> Engine:
     completion = Completion(store, metrics)
-    stage2 = Stage2(store, predictor, settings, metrics, completion, clock)
+    stage2 = Stage2(store, predictors, settings, metrics, completion, clock)
     return Engine(
         store=store,
-        predictor=predictor,
-        allocation=Allocation(store, predictor, metrics, clock),
-        intake=Intake(store, predictor, settings, metrics, stage2, completion, clock),
+        predictors=predictors,
+        allocation=Allocation(store, predictors, metrics, clock),
+        intake=Intake(store, predictors.featurizer, settings, metrics, stage2, completion, clock),
         instructions=Instructions(store, settings, metrics, clock),
         sweeper=Sweeper(store, settings, stage2, completion, clock),
         trees=Trees(store, settings, completion, clock),
         stats=JobStatistics(store, settings, metrics),
-        predictions=Predictions(store, predictor),
-        readiness=Readiness(store, predictor, metrics),
+        jobs=Jobs(store, predictors),
+        predictions=Predictions(store, predictors),
+        readiness=Readiness(store, predictors, metrics),
     )

@@ -14,7 +14,7 @@ from trace_service.engine.common import Clock, IdempotencyConflictError, fresh_i
 from trace_service.metrics import Metrics
 from trace_service.offload import off_loop
 from trace_service.predictor import OutcomeCounts, Query
-from trace_service.runtime import PredictorRuntime
+from trace_service.predictors import PredictorRegistry
 from trace_service.store import NewTree, PromptOutcomes, TreeStore
 
 
@@ -22,9 +22,11 @@ class Allocation:
     """Answers allocation requests: predicts each prompt's success, runs its policy's Stage 1 rule and
     creates the trees, remembering the answer under the request's idempotency key."""
 
-    def __init__(self, store: TreeStore, predictor: PredictorRuntime, metrics: Metrics, clock: Clock) -> None:
+    def __init__(
+        self, store: TreeStore, predictors: PredictorRegistry, metrics: Metrics, clock: Clock
+    ) -> None:
         self.store = store
-        self.predictor = predictor
+        self.predictors = predictors
         self.metrics = metrics
         self.clock = clock
         self._rng = np.random.default_rng()
@@ -87,17 +89,20 @@ class Allocation:
     async def _decide_roots(self, request: AllocateRequest) -> tuple[AllocateResponse, list[NewTree]]:
         prompts = request.prompts
         history = await self.store.prompt_outcomes(request.job, [p.prompt_id for p in prompts])
+        predictor = await self.predictors.get(request.job, warm_from=request.predictor_from)
         encoded = await off_loop(
             len(prompts),
-            self.predictor.featurizer.encode_prompts,
+            self.predictors.featurizer.encode_prompts,
             [(p.prompt_id, p.text or "", p.features) for p in prompts],
         )
         queries = [
             Query(root, OutcomeCounts(h.successes, h.trials))
             for root, h in zip(encoded, history, strict=True)
         ]
-        version, v = await self.predictor.predict(queries)
-        return await off_loop(len(prompts), self._plan_roots, request, history, version, v)
+        version, v = await predictor.predict(queries)
+        return await off_loop(
+            len(prompts), self._plan_roots, request, history, version, v, predictor.freshness
+        )
 
     def _plan_roots(
         self,
@@ -105,8 +110,10 @@ class Allocation:
         history: list[PromptOutcomes],
         version: int,
         v: npt.NDArray[np.float64],
+        freshness: float,
     ) -> tuple[AllocateResponse, list[NewTree]]:
-        """Stage 1 from the predictions: the answer and the trees to create."""
+        """Stage 1 from the job's predictions and continuation freshness: the answer and the trees to
+        create."""
         prompts = request.prompts
         # The policy's Stage 1 rule (allocation.POLICIES), given every input a rule may read.
         counts = POLICIES[request.policy].roots.counts(
@@ -118,7 +125,7 @@ class Allocation:
                 max_prompts=request.max_prompts,
                 expansion=request.expansion,
                 predicted=v,
-                freshness=self.predictor.freshness,
+                freshness=freshness,
                 zero_variance_streak=np.array([h.zero_variance_streak for h in history], dtype=np.int64),
                 rng=self._rng,
             )

@@ -15,13 +15,14 @@ class Completion:
     async def completed(self, tree_id: str, meta: TreeMeta | None = None) -> None:
         """Bookkeeping once a tree is finished: the prompt's outcome history (counted once per tree), a
         training example for the predictor, metrics; then it leaves the open list.  If this fails
-        part-way the sweeper finds the finished tree still open and runs it again.  ``meta`` is the
+        part-way the sweeper finds the finished tree still open and runs it again.  The example goes to
+        the tree's own job's predictor.  ``meta`` is the
         tree's header when the caller has it (its counters no longer change)."""
         meta = meta or (await self.store.load_metas([tree_id]))[0]
         if meta is None:
             return
         counted = await self.store.record_prompt_outcome(meta)
-        await self.store.push_completed(tree_id)
+        await self.store.push_completed(meta.job, tree_id)
         if counted:
             mixed = "true" if meta.mixed else "false"
             self.metrics.trees_completed.labels(self.metrics.job_label(meta.job), mixed).inc()

@@ -26,7 +26,7 @@ from trace_service.lifecycle import round_share
 from trace_service.metrics import Metrics
 from trace_service.offload import off_loop, release
 from trace_service.predictor import OutcomeCounts, Query
-from trace_service.runtime import PredictorRuntime
+from trace_service.predictors import PredictorRegistry
 from trace_service.settings import Settings
 from trace_service.store import StoredTree, TreeMeta, TreeStore
 from trace_service.tree import PrefixCandidates
@@ -38,14 +38,14 @@ class Stage2:
     def __init__(
         self,
         store: TreeStore,
-        predictor: PredictorRuntime,
+        predictors: PredictorRegistry,
         settings: Settings,
         metrics: Metrics,
         completion: Completion,
         clock: Clock,
     ) -> None:
         self.store = store
-        self.predictor = predictor
+        self.predictors = predictors
         self.settings = settings
         self.metrics = metrics
         self.completion = completion
@@ -165,10 +165,12 @@ class Stage2:
         try:
             if node_ids and share > 0 and Need.PREFIX_PREDICTIONS in rules.prefixes.needs:
                 size = len(tree.nodes)
-                _, encoded = await off_loop(size, self.predictor.encode_tree, tree, candidates.nodes.tolist())
+                _, encoded = await off_loop(
+                    size, self.predictors.encode_tree, tree, candidates.nodes.tolist()
+                )
                 outcomes = OutcomeCounts(*meta.prior_outcomes)
                 queries = [Query(encoded[node_id], outcomes) for node_id in node_ids]
-                _, p = await self.predictor.predict(queries)
+                _, p = await (await self.predictors.get(meta.job)).predict(queries)
                 predictions = {node_id: float(value) for node_id, value in zip(node_ids, p, strict=True)}
             placement = place_round(
                 rules,

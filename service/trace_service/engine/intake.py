@@ -13,7 +13,7 @@ from trace_service.engine.decide import Stage2
 from trace_service.lifecycle import EventStatus, TreeStatus
 from trace_service.metrics import Metrics
 from trace_service.offload import release
-from trace_service.runtime import PredictorRuntime
+from trace_service.predictor import HistoryFeaturizer
 from trace_service.settings import Settings
 from trace_service.store import AppliedBatch, TreeStore
 
@@ -25,7 +25,7 @@ class Intake:
     def __init__(
         self,
         store: TreeStore,
-        predictor: PredictorRuntime,
+        featurizer: HistoryFeaturizer,
         settings: Settings,
         metrics: Metrics,
         stage2: Stage2,
@@ -33,7 +33,7 @@ class Intake:
         clock: Clock,
     ) -> None:
         self.store = store
-        self.predictor = predictor
+        self.featurizer = featurizer
         self.settings = settings
         self.metrics = metrics
         self.stage2 = stage2
@@ -51,7 +51,7 @@ class Intake:
             # bad feature vector would fail every Stage 2 decision of its tree.
             refused: list[RejectedEvent] = []
             by_tree: dict[str, list[int]] = {}
-            featurizer = self.predictor.featurizer
+            featurizer = self.featurizer
             for index, event in enumerate(events):
                 if event.features is None or (problem := featurizer.feature_problem(event.features)) is None:
                     by_tree.setdefault(event.tree_id, []).append(index)

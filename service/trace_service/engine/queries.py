@@ -7,14 +7,14 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from pydantic import TypeAdapter
 
-from trace_proto import HistoryIn, JobStats, PredictResponse, StepStats, TreeNode, TreeResponse
+from trace_proto import HistoryIn, JobDeleted, JobStats, PredictResponse, StepStats, TreeNode, TreeResponse
 from trace_service.engine.common import Clock, NotFoundError
 from trace_service.engine.completion import Completion
 from trace_service.lifecycle import FINISHED
 from trace_service.metrics import OTHER_JOBS, Metrics
 from trace_service.offload import off_loop
 from trace_service.predictor import OutcomeCounts, Query, Turn
-from trace_service.runtime import PredictorRuntime
+from trace_service.predictors import PredictorRegistry
 from trace_service.settings import Settings
 from trace_service.store import AllocationCounts, StoredTree, TreeMeta, TreeStore
 from trace_service.tree import advantages
@@ -110,16 +110,31 @@ class JobStatistics:
         )
 
 
+class Jobs:
+    """DELETE /v1/jobs/{job}: everything of a job, its predictor included."""
+
+    def __init__(self, store: TreeStore, predictors: PredictorRegistry) -> None:
+        self.store = store
+        self.predictors = predictors
+
+    async def delete(self, job: str) -> JobDeleted:
+        """Remove the job's keys, then its predictor from this replica (the others drop it at their
+        next refresh).  Trees of the job still in flight are gone: their events are refused as unknown."""
+        deleted = await self.store.delete_job(job)
+        await self.predictors.forget(job)
+        return JobDeleted(job=job, keys_deleted=deleted)
+
+
 class Predictions:
     """POST /v1/predict: Ṽ for histories a client sends (debugging and offline evaluation)."""
 
-    def __init__(self, store: TreeStore, predictor: PredictorRuntime) -> None:
+    def __init__(self, store: TreeStore, predictors: PredictorRegistry) -> None:
         self.store = store
-        self.predictor = predictor
+        self.predictors = predictors
 
     async def predict(self, job: str, histories: Sequence[HistoryIn]) -> PredictResponse:
         history = await self.store.prompt_outcomes(job, [h.prompt_id for h in histories])
-        featurizer = self.predictor.featurizer
+        featurizer = self.predictors.featurizer
 
         def encode() -> list[Query]:
             return [
@@ -136,7 +151,8 @@ class Predictions:
             ]
 
         turns = sum(len(h.turns) for h in histories) + len(histories)
-        version, values = await self.predictor.predict(await off_loop(turns, encode))
+        predictor = await self.predictors.get(job)
+        version, values = await predictor.predict(await off_loop(turns, encode))
         return PredictResponse(predictor_version=version, predictions=[float(x) for x in values])
 
 

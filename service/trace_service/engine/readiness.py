@@ -11,7 +11,7 @@ from redis.exceptions import RedisError
 from trace_proto import Ready
 from trace_service.metrics import Metrics
 from trace_service.predictor import Query
-from trace_service.runtime import PredictorRuntime
+from trace_service.predictors import PredictorRegistry
 from trace_service.store import TreeStore
 
 logger = logging.getLogger(__name__)
@@ -22,9 +22,9 @@ PROBE_SECONDS = 2.0
 
 
 class Readiness:
-    def __init__(self, store: TreeStore, predictor: PredictorRuntime, metrics: Metrics) -> None:
+    def __init__(self, store: TreeStore, predictors: PredictorRegistry, metrics: Metrics) -> None:
         self.store = store
-        self.predictor = predictor
+        self.predictors = predictors
         self.metrics = metrics
 
     async def check(self) -> Ready:
@@ -41,11 +41,13 @@ class Readiness:
             return False
 
     async def _predictor_answers(self) -> bool:
-        """The predictor is usable when the served weights turn a prompt with no history into a
-        probability, in time, through the same batched path that allocations and decisions take."""
+        """The predictor is usable when the cold predictor, which every new job starts from, turns a
+        prompt with no history into a probability, in time, through the same batched path that
+        allocations and decisions take."""
+        probe = self.predictors.probe
         try:
-            (prompt,) = self.predictor.featurizer.encode_prompts([("readyz-probe", "", None)])
-            _, values = await asyncio.wait_for(self.predictor.predict([Query(prompt)]), PROBE_SECONDS)
+            (prompt,) = probe.featurizer.encode_prompts([("readyz-probe", "", None)])
+            _, values = await asyncio.wait_for(probe.predict([Query(prompt)]), PROBE_SECONDS)
         except Exception as error:  # whatever breaks the prediction makes this replica unready
             logger.warning("readiness: the predictor does not answer: %r", error)
             return False

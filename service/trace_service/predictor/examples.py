@@ -83,6 +83,10 @@ class FifoBuffer(Generic[Item]):
     def snapshot(self) -> list[Item]:
         return list(self._items)
 
+    def oldest_first(self) -> list[Item]:
+        """The items in the order they came: extending an empty buffer with them restores this one."""
+        return self._items[self._next :] + self._items[: self._next]
+
     def __len__(self) -> int:
         return len(self._items)
 

@@ -52,6 +52,12 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from trace_service.predictor.archive import (
+    TENSOR_PREFIX,
+    TrainingData,
+    pack_training_data,
+    unpack_training_data,
+)
 from trace_service.predictor.calibration import (
     Calibration,
     PriorSource,
@@ -387,13 +393,16 @@ class SuccessPredictor:
 
     # -- checkpoints -----------------------------------------------------------------------------
 
-    def to_bytes(self) -> bytes:
-        """The published weights as a self-checking checkpoint (see ``checkpoint``)."""
+    def to_bytes(self, *, with_training_data: bool = False) -> bytes:
+        """The published weights as a self-checking checkpoint (see ``checkpoint``); with
+        ``with_training_data``, also everything the predictor learns from (``archive``), so that
+        :meth:`from_bytes` gives back this predictor whole."""
         with self._train_lock:
             published = self._published
             model = published.model or self._average_model
+            state = dict(model.state_dict())
             with self._data_lock:
-                header = {
+                header: dict[str, Any] = {
                     "predictor_version": published.version,
                     "examples_seen": self._examples_seen,
                     "architecture": self.config.architecture(),
@@ -402,7 +411,32 @@ class SuccessPredictor:
                     "freshness": [self._freshness.flips, self._freshness.fresh_flips],
                     "calibration": published.calibration.to_json(),
                 }
-            return encode_checkpoint(header, model.state_dict())
+                if with_training_data:
+                    header["training_data"], tensors = pack_training_data(self._training_data())
+                    state.update(tensors)
+            return encode_checkpoint(header, state)
+
+    def _training_data(self) -> TrainingData:
+        return TrainingData(
+            replay=self._replay.oldest_first(),
+            holdout=self._holdout.oldest_first(),
+            groups=self._groups.oldest_first(),
+            holdout_groups=self._holdout_groups.oldest_first(),
+            trees_added=self._trees_added,
+            sample_allowance=self._sample_allowance,
+        )
+
+    def _restore_training_data(self, data: TrainingData) -> None:
+        with self._data_lock:
+            for buffer, items in (
+                (self._replay, data.replay),
+                (self._holdout, data.holdout),
+                (self._groups, data.groups),
+                (self._holdout_groups, data.holdout_groups),
+            ):
+                buffer.extend(items)  # type: ignore[arg-type]
+            self._trees_added = data.trees_added
+            self._sample_allowance = data.sample_allowance
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write :meth:`to_bytes` to ``path`` atomically (a reader never sees half a file)."""
@@ -419,8 +453,9 @@ class SuccessPredictor:
 
     @classmethod
     def from_bytes(cls, data: bytes, config: PredictorConfig | None = None) -> SuccessPredictor:
-        """A predictor with the checkpoint's weights and version. Without ``config`` the checkpoint's
-        architecture is used with default runtime settings; with one, its architecture must match."""
+        """A predictor with the checkpoint's weights and version, and its training data when it holds
+        them (``to_bytes(with_training_data=True)``). Without ``config`` the checkpoint's architecture
+        is used with default runtime settings; with one, its architecture must match."""
         header, state = decode_checkpoint(data)
         if config is None:
             try:
@@ -429,6 +464,15 @@ class SuccessPredictor:
                 raise CheckpointError(f"checkpoint has a malformed architecture: {error}") from None
         predictor = cls(config)
         predictor._install(header, state, only_if_newer=False)
+        if "training_data" in header:
+            predictor._restore_training_data(
+                unpack_training_data(
+                    header["training_data"],
+                    state,
+                    num_buckets=predictor.config.num_buckets,
+                    feature_dim=predictor.config.feature_dim,
+                )
+            )
         return predictor
 
     @classmethod
@@ -466,7 +510,9 @@ class SuccessPredictor:
         calibration = Calibration.from_json(header.get("calibration"))
         model = self._new_model()
         try:
-            model.load_state_dict(state)
+            model.load_state_dict(
+                {name: value for name, value in state.items() if not name.startswith(TENSOR_PREFIX)}
+            )
         except (RuntimeError, KeyError, TypeError) as error:
             raise CheckpointError(f"checkpoint weights do not fit the model: {error}") from None
         with self._train_lock:

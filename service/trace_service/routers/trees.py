@@ -4,10 +4,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Response
 
-from trace_proto import JobStats, TreeResponse
+from trace_proto import JobDeleted, JobStats, TreeResponse
 from trace_proto.v1 import limits, paths
 from trace_proto.v1.common import JobName
-from trace_service.deps import StatsDep, TreesDep
+from trace_service.deps import JobsDep, StatsDep, TreesDep
 from trace_service.routers.responses import ERRORS, NOT_FOUND
 
 router = APIRouter(tags=["trees"])
@@ -31,3 +31,11 @@ async def close_tree(tree_id: TreeId, trees: TreesDep) -> Response:
 async def job_stats(job: Annotated[JobName, Path()], stats: StatsDep) -> JobStats:
     """Effective ratio and budget accounting per training step (most recent steps)."""
     return await stats.job_stats(job)
+
+
+@router.delete(paths.JOB, response_model=JobDeleted, responses=ERRORS)
+async def delete_job(job: Annotated[JobName, Path()], jobs: JobsDep) -> JobDeleted:
+    """Delete everything of a job: its trees, its prompts' outcomes, its statistics, its queued
+    instructions and its predictor (weights, training data, trainer lease).  A job that held nothing
+    answers with ``keys_deleted`` 0."""
+    return await jobs.delete(job)

@@ -1,7 +1,8 @@
 """Every Redis key the service uses, in one place (arq's discipline: one prefix, every key expires).
 
 All keys of one tree share the hash tag ``{t:<tree_id>}`` so that the tree's Lua scripts touch a single
-slot on Redis Cluster; a job's keys share ``{j:<job>}``; the predictor's share ``{predictor}``.
+slot on Redis Cluster; a job's keys, its predictor's included, share ``{j:<job>}``; the keys about
+every job's predictor share ``{predictor}``.
 """
 
 from __future__ import annotations
@@ -75,15 +76,38 @@ class KeySpace:
     def jobs(self) -> str:
         return f"{self.prefix}:jobs"
 
-    @property
-    def completed_trees(self) -> str:
-        """Completed trees waiting to become predictor training examples."""
-        return f"{self.prefix}:{{predictor}}:completed"
+    def job_pattern(self, job: str) -> str:
+        """A SCAN pattern of every key of ``job`` (its name is letters, digits, '_', '.', '-': no glob)."""
+        return f"{self._job(job)}:*"
+
+    # --- a job's predictor ---------------------------------------------------------------------
+
+    def completed_trees(self, job: str) -> str:
+        """The job's completed trees waiting to become its predictor's training examples."""
+        return f"{self._job(job)}:completed"
+
+    def weights(self, job: str) -> str:
+        """The job's published predictor weights (``version``, ``blob``): what every replica serves."""
+        return f"{self._job(job)}:weights"
+
+    def predictor_state(self, job: str) -> str:
+        """The job's whole predictor, training data included, as its trainer last set it down."""
+        return f"{self._job(job)}:predictor"
+
+    def trainer_lease(self, job: str) -> str:
+        return f"{self._job(job)}:trainer"
 
     @property
-    def weights(self) -> str:
-        return f"{self.prefix}:{{predictor}}:weights"
+    def training_wanted(self) -> str:
+        """The jobs with completed trees waiting for their predictor's trainer."""
+        return f"{self.prefix}:{{predictor}}:wanted"
 
     @property
-    def trainer_lease(self) -> str:
-        return f"{self.prefix}:{{predictor}}:trainer"
+    def trained_jobs(self) -> str:
+        """The jobs whose trainer lease is held, each scored by when it lapses (a sorted set)."""
+        return f"{self.prefix}:{{predictor}}:trained"
+
+    @property
+    def trainers(self) -> str:
+        """The replicas that train, each scored by when it last said so (a sorted set)."""
+        return f"{self.prefix}:{{predictor}}:trainers"

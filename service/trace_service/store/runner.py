@@ -36,6 +36,7 @@ SCRIPTS = (
     "push_completed",
     "create_reserve",
     "draw_continuations",
+    "release_lease",
 )
 #: Script calls in flight at once when a Cluster cannot pipeline them.
 _CLUSTER_FANOUT = 64

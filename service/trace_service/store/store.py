@@ -10,6 +10,7 @@ tag, so they run unchanged on Redis Cluster.  The embedded store is the same cod
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -420,42 +421,127 @@ class TreeStore:
     async def queue_length(self, job: str) -> int:
         return int(await self.redis.zcard(self.keys.instruction_queue(job)))
 
-    # --- predictor -----------------------------------------------------------------------------------
+    # --- a job's predictor -------------------------------------------------------------------------
 
-    async def push_completed(self, tree_id: str, cap: int = 100_000) -> None:
-        """Queue a completed tree for predictor training (the newest ``cap`` are kept)."""
+    async def push_completed(self, job: str, tree_id: str, cap: int = 100_000) -> None:
+        """Queue a completed tree for its job's predictor (the newest ``cap`` are kept) and mark the job
+        as wanting its trainer."""
         await self.scripts.run(
-            ScriptCall("push_completed", [self.keys.completed_trees], [tree_id, cap, self.job_ttl])
+            ScriptCall("push_completed", [self.keys.completed_trees(job)], [tree_id, cap, self.job_ttl])
+        )
+        await self.scripts.run_all(
+            ScriptRunner.writes(self.keys.training_wanted, self.job_ttl, "SADD", [job])
         )
 
-    async def pop_completed(self, count: int) -> list[str]:
-        raw = await self.redis.rpop(self.keys.completed_trees, count)
-        return [text(item) for item in raw or []]
+    async def training_wanted(self) -> list[str]:
+        """The jobs with completed trees waiting for their trainer."""
+        return sorted(text(job) for job in await self.redis.smembers(self.keys.training_wanted))
 
-    async def publish_weights(self, version: int, blob: bytes) -> None:
+    async def pop_completed(self, job: str, count: int) -> list[str]:
+        """Up to ``count`` of the job's completed trees, oldest first; a job left with none stops wanting
+        its trainer (unless a tree arrived meanwhile)."""
+        queue = self.keys.completed_trees(job)
+        raw = await self.redis.rpop(queue, count)
+        popped = [text(item) for item in raw or []]
+        if len(popped) < count:
+            await self.redis.srem(self.keys.training_wanted, job)
+            if await self.redis.llen(queue):  # pushed between the pop and the removal
+                await self.scripts.run_all(
+                    ScriptRunner.writes(self.keys.training_wanted, self.job_ttl, "SADD", [job])
+                )
+        return popped
+
+    async def publish_weights(self, job: str, version: int, blob: bytes) -> None:
         fields = ["version", version, "blob", blob]
-        await self.scripts.run_all(ScriptRunner.writes(self.keys.weights, self.job_ttl, "HSET", fields))
+        await self.scripts.run_all(ScriptRunner.writes(self.keys.weights(job), self.job_ttl, "HSET", fields))
 
-    async def weights_version(self) -> int:
-        value = await self.redis.hget(self.keys.weights, "version")
+    async def weights_version(self, job: str) -> int:
+        value = await self.redis.hget(self.keys.weights(job), "version")
         return int(value) if value else 0
 
-    async def load_weights(self) -> tuple[int, bytes] | None:
-        version, blob = await self.redis.hmget(self.keys.weights, ["version", "blob"])
+    async def load_weights(self, job: str) -> tuple[int, bytes] | None:
+        version, blob = await self.redis.hmget(self.keys.weights(job), ["version", "blob"])
         return (
             (int(version), blob if isinstance(blob, bytes) else blob.encode()) if version and blob else None
         )
 
-    async def hold_trainer_lease(self, owner: str, ttl: float) -> bool:
-        """Take or renew the single trainer's lease; true while this owner holds it."""
-        key = self.keys.trainer_lease
-        if await self.redis.set(key, owner, nx=True, px=int(ttl * 1000)):
-            return True
-        holder = await self.redis.get(key)
-        if holder is not None and text(holder) == owner:
-            await self.redis.pexpire(key, int(ttl * 1000))
-            return True
-        return False
+    async def save_predictor(self, job: str, blob: bytes) -> None:
+        """Set down the job's whole predictor (its weights and training data) for whoever loads it next."""
+        await self.redis.set(self.keys.predictor_state(job), blob, ex=self.job_ttl)
+
+    async def load_predictor(self, job: str) -> bytes | None:
+        blob = await self.redis.get(self.keys.predictor_state(job))
+        return None if blob is None else blob if isinstance(blob, bytes) else blob.encode()
+
+    async def hold_trainer_lease(self, job: str, owner: str, ttl: float, now: float) -> bool:
+        """Take or renew the lease on training the job's predictor; true while this owner holds it."""
+        key = self.keys.trainer_lease(job)
+        held = bool(await self.redis.set(key, owner, nx=True, px=int(ttl * 1000)))
+        if not held:
+            holder = await self.redis.get(key)
+            held = holder is not None and text(holder) == owner
+            if held:
+                await self.redis.pexpire(key, int(ttl * 1000))
+        if held:
+            trained = ScriptRunner.writes(
+                self.keys.trained_jobs, math.ceil(2 * ttl), "ZADD", [now + ttl, job], 2
+            )
+            await self.scripts.run_all(trained)
+        return held
+
+    async def release_trainer_lease(self, job: str, owner: str) -> None:
+        """Give the lease up, if this owner holds it (another may have taken it once it lapsed)."""
+        if await self.scripts.run(ScriptCall("release_lease", [self.keys.trainer_lease(job)], [owner])):
+            await self.redis.zrem(self.keys.trained_jobs, job)
+
+    async def trained_jobs(self, now: float) -> list[str]:
+        """The jobs whose trainer lease is held at ``now``, by any replica."""
+        key = self.keys.trained_jobs
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zremrangebyscore(key, "-inf", now)
+            pipe.zrange(key, 0, -1)
+            replies = await pipe.execute()
+        return sorted(text(job) for job in replies[1])
+
+    async def trainers(self, owner: str, now: float, ttl: float) -> int:
+        """Say that ``owner`` trains (at ``now``) and count the trainers heard from within ``ttl``."""
+        key = self.keys.trainers
+        said = ScriptRunner.writes(key, math.ceil(2 * ttl), "ZADD", [now, owner], stride=2)
+        await self.scripts.run_all(said)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zremrangebyscore(key, "-inf", now - ttl)
+            pipe.zcard(key)
+            replies = await pipe.execute()
+        return max(int(replies[1]), 1)
+
+    async def job_exists(self, job: str) -> bool:
+        """Whether the job has allocated within its expiry (it is in the jobs index)."""
+        return await self.redis.zscore(self.keys.jobs, job) is not None
+
+    async def delete_job(self, job: str) -> int:
+        """Delete everything of ``job``: its trees, every key of its own (its predictor's included) and
+        its place in the indexes; the number of keys removed."""
+        tree_ids: set[str] = set()
+        for step in await self.redis.zrange(self.keys.steps(job), 0, -1):
+            tree_ids.update(await self.step_tree_ids(job, int(text(step))))
+        cursor, open_ids = 0, []
+        while True:
+            cursor, page = await self.open_trees(job, cursor)
+            open_ids.extend(page)
+            if not cursor:
+                break
+        tree_ids.update(open_ids)
+        keys = [key for tree_id in sorted(tree_ids) for key in self.keys.tree(tree_id).all]
+        keys += [
+            text(key) async for key in self.redis.scan_iter(match=self.keys.job_pattern(job), count=1_000)
+        ]
+        removed = 0
+        for start in range(0, len(keys), _KEYS_PER_DELETE):
+            removed += int(await self.redis.delete(*keys[start : start + _KEYS_PER_DELETE]))
+        await self.redis.zrem(self.keys.jobs, job)
+        await self.redis.srem(self.keys.training_wanted, job)
+        await self.redis.zrem(self.keys.trained_jobs, job)
+        return removed
 
 
 def _parsed_then(tree_id: str, reply: list[list[Any]], work: Callable[[StoredTree], _R]) -> _R | None:

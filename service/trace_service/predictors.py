@@ -1,0 +1,292 @@
+"""Every job's predictor on this replica: one :class:`~trace_service.runtime.PredictorRuntime` per
+training job, created on the job's first request, bounded in memory, trained where the job's lease is.
+
+Two jobs train two policies, so the same prompt has two success rates: each job learns only from its
+own trees, with its own weights, calibration, continuation freshness, training data and version.  A
+new job starts clean (the configured checkpoint, else untrained) or, when its first allocation names
+``predictor_from``, from a copy of that job's weights; nothing else flows between jobs.
+
+**Memory.**  A job that has learned nothing yet is served by one shared cold predictor and costs
+almost nothing (a bounded cache of them saves the store reads).  At most ``capacity`` jobs with a
+predictor of their own stay in memory; beyond that the least recently used is set down: its trainer
+writes the whole predictor, training data included, to the store (``TreeStore.save_predictor``) and
+gives up the job's lease, and the next request for the job loads it back, as it was.
+
+**Replicas.**  Each job's weights are published under the job's keys and every replica loads them.
+One replica at a time holds a job's trainer lease; a replica takes new leases only up to its share of
+the jobs that want or have a trainer (``TreeStore.trainers`` counts the training replicas), so many jobs
+spread over the replicas; a job no other replica took within a round it takes anyway.  Training runs
+in worker threads under each job's own lock: one job's training never holds up another's predictions,
+and inference batches per job.
+
+**Deletion.**  ``DELETE /v1/jobs/{job}`` removes the job's keys; :meth:`PredictorRegistry.forget`
+drops it here, and every other replica drops it at its next refresh, when the job is gone from the
+store's index, without writing it back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import partial
+
+from trace_service.metrics import Metrics
+from trace_service.predictor import (
+    CheckpointError,
+    EncodedHistory,
+    HistoryFeaturizer,
+    PredictorConfig,
+    SuccessPredictor,
+)
+from trace_service.runtime import PredictorRuntime, encode_tree
+from trace_service.store import StoredTree, TreeStore
+
+logger = logging.getLogger(__name__)
+
+#: Cold jobs (nothing learned) remembered at once, and for how long before the store is asked again.
+_COLD_CAPACITY = 4_096
+_COLD_SECONDS = 2.0
+#: Seconds a trainer lease, and a trainer's word that it trains, last without renewal.
+LEASE_SECONDS = 60.0
+
+
+class UnknownPredictorError(ValueError):
+    """``predictor_from`` names a job without a predictor to copy (answered 422)."""
+
+
+@dataclass
+class _Cold:
+    runtime: PredictorRuntime
+    checked_at: float
+
+
+class PredictorRegistry:
+    def __init__(
+        self,
+        store: TreeStore,
+        metrics: Metrics,
+        config: PredictorConfig,
+        *,
+        capacity: int,
+        success_threshold: float,
+        train_steps: int,
+        base: bytes | None = None,
+    ) -> None:
+        """``base`` is the checkpoint a new job starts from (none: untrained); ``capacity`` the jobs
+        with a predictor of their own kept in memory."""
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.store = store
+        self.metrics = metrics
+        self.config = config
+        self.capacity = capacity
+        self.success_threshold = success_threshold
+        self.train_steps = train_steps
+        self._base = base
+        self.cold = self._fresh()  # never trained: shared by every job that has learned nothing
+        self.featurizer: HistoryFeaturizer = self.cold.featurizer
+        self.owner = uuid.uuid4().hex
+        self._resident: OrderedDict[str, PredictorRuntime] = OrderedDict()
+        self._cold: OrderedDict[str, _Cold] = OrderedDict()
+        self._loading: dict[str, asyncio.Task[PredictorRuntime]] = {}
+        self._setting_down: dict[str, asyncio.Task[None]] = {}
+        self._leases: set[str] = set()
+        self._deferred: set[str] = set()  # jobs left last round to other trainers
+        self.probe = self._runtime("", self.cold, owned=False)  # readiness: the cold predictor answers
+
+    # --- serving ------------------------------------------------------------------------------------
+
+    def encode_tree(
+        self, tree: StoredTree, nodes: Iterable[int] | None = None
+    ) -> tuple[EncodedHistory, dict[str, EncodedHistory]]:
+        """The tree's histories (``runtime.encode_tree``; the featurizer is the same for every job)."""
+        return encode_tree(self.featurizer, tree, nodes)
+
+    async def get(self, job: str, *, warm_from: str | None = None) -> PredictorRuntime:
+        """The job's predictor, loaded from the store when not in memory.  ``warm_from`` names a job
+        whose weights a job without any of its own starts from (:class:`UnknownPredictorError` when
+        that job has none); a job with its own ignores it."""
+        runtime = self._resident.get(job)
+        if runtime is not None:
+            self._resident.move_to_end(job)
+            return runtime
+        cold = self._cold.get(job)
+        if cold is not None and warm_from is None and time.monotonic() - cold.checked_at < _COLD_SECONDS:
+            self._cold.move_to_end(job)
+            return cold.runtime
+        task = self._loading.get(job)
+        if task is None:
+            task = asyncio.ensure_future(self._load(job, warm_from))
+            self._loading[job] = task
+            task.add_done_callback(lambda _: self._loading.pop(job, None))
+        return await asyncio.shield(task)
+
+    async def _load(self, job: str, warm_from: str | None) -> PredictorRuntime:
+        setting_down = self._setting_down.get(job)
+        if setting_down is not None:  # what it sets down is what this loads
+            await asyncio.shield(setting_down)
+        predictor: SuccessPredictor | None = None
+        whole = await self.store.load_predictor(job)
+        if whole is not None:
+            try:
+                predictor = await asyncio.to_thread(SuccessPredictor.from_bytes, whole, self.config)
+            except CheckpointError as error:
+                self.metrics.predictor_load_failures.inc()
+                logger.error("job %r: the predictor set down in the store is unreadable: %s", job, error)
+        runtime = self._runtime(job, predictor or self.cold, owned=predictor is not None)
+        published = await self.store.load_weights(job)
+        if published is not None:
+            await runtime.adopt(*published)
+        if not runtime.owned and warm_from is not None and warm_from != job:
+            await self._warm_start(runtime, warm_from)
+        if runtime.owned:
+            self._keep(job, runtime)
+        else:
+            self._cold[job] = _Cold(runtime, time.monotonic())
+            while len(self._cold) > _COLD_CAPACITY:
+                self._cold.popitem(last=False)
+        return runtime
+
+    async def _warm_start(self, runtime: PredictorRuntime, source: str) -> None:
+        """A copy of ``source``'s weights (published, or in memory here) becomes the job's first."""
+        resident = self._resident.get(source)
+        if resident is not None and resident.version > 0:
+            blob: bytes | None = await asyncio.to_thread(resident.predictor.to_bytes)
+            version = resident.version
+        else:
+            published = await self.store.load_weights(source)
+            version, blob = published if published is not None else (0, None)
+        if blob is None:
+            raise UnknownPredictorError(
+                f"predictor_from names job {source!r}, which has no trained predictor to start from"
+            )
+        if await runtime.adopt(version, blob):
+            await self.store.publish_weights(runtime.job, version, blob)  # every replica starts alike
+
+    def _runtime(self, job: str, predictor: SuccessPredictor, *, owned: bool) -> PredictorRuntime:
+        return PredictorRuntime(
+            job,
+            predictor,
+            self.store,
+            self.metrics,
+            owned=owned,
+            new_predictor=self._fresh,
+            success_threshold=self.success_threshold,
+            train_steps=self.train_steps,
+        )
+
+    def _fresh(self) -> SuccessPredictor:
+        """A clean predictor: the configured checkpoint, else untrained."""
+        if self._base is not None:
+            return SuccessPredictor.from_bytes(self._base, self.config)
+        return SuccessPredictor(self.config)
+
+    # --- memory -------------------------------------------------------------------------------------
+
+    def _keep(self, job: str, runtime: PredictorRuntime) -> None:
+        """Keep a job with a predictor of its own in memory, setting down the least recently used."""
+        self._cold.pop(job, None)
+        self._resident[job] = runtime
+        self.metrics.predictor_resident.set(len(self._resident))
+        self._set_down_beyond_capacity()
+
+    def _set_down_beyond_capacity(self) -> None:
+        while len(self._resident) > self.capacity:
+            job, runtime = self._resident.popitem(last=False)
+            self.metrics.predictor_evictions.inc()
+            self.metrics.predictor_resident.set(len(self._resident))
+            task = asyncio.ensure_future(self._set_down(runtime))
+            self._setting_down[job] = task
+            task.add_done_callback(partial(self._set_down_done, job))
+
+    def _set_down_done(self, job: str, task: asyncio.Task[None]) -> None:
+        if self._setting_down.get(job) is task:
+            del self._setting_down[job]
+
+    async def _set_down(self, runtime: PredictorRuntime) -> None:
+        """Write a job's predictor to the store if this replica trains it (others hold only the
+        published weights), then give up its lease: whoever loads it next has it whole."""
+        job = runtime.job
+        if job not in self._leases:
+            return
+        self._leases.discard(job)
+        try:
+            async with runtime.lock:
+                if await self.store.job_exists(job):
+                    await self.store.save_predictor(job, await runtime.whole())
+            await self.store.release_trainer_lease(job, self.owner)
+        except Exception:
+            # The lease lapses on its own; the trees it trained on are what the next trainer lacks.
+            logger.exception("job %r: its predictor could not be set down", job)
+
+    async def forget(self, job: str) -> None:
+        """Drop a deleted job here at once, writing nothing back."""
+        self._resident.pop(job, None)
+        self._cold.pop(job, None)
+        self._leases.discard(job)
+        self.metrics.predictor_resident.set(len(self._resident))
+        self.metrics.forget_job(job)
+
+    async def close(self) -> None:
+        """Set down every job this replica trains (a restart loses nothing) and give up its leases."""
+        for job in list(self._resident):
+            if job in self._leases:
+                await self._set_down(self._resident[job])
+        for task in list(self._setting_down.values()):
+            await asyncio.gather(task, return_exceptions=True)
+
+    # --- background work ----------------------------------------------------------------------------
+
+    async def refresh(self, *, train: bool = True) -> None:
+        """One round of background work: train the jobs whose lease this replica holds or takes (up to
+        its share), then load newer published weights of the others kept here; a job gone from the
+        store is dropped."""
+        trained: set[str] = set()
+        if train:
+            trained = await self._train_round()
+        for job, runtime in list(self._resident.items()):
+            if job in trained:
+                continue
+            if not await self.store.job_exists(job):
+                await self.forget(job)
+                continue
+            if job in self._leases and not await self.store.hold_trainer_lease(
+                job, self.owner, LEASE_SECONDS, time.time()
+            ):
+                self._leases.discard(job)  # it lapsed and another replica took it
+            await runtime.load_newer()
+
+    async def _train_round(self) -> set[str]:
+        wanted = await self.store.training_wanted()
+        if not wanted and not self._leases:
+            return set()
+        now = time.time()
+        trainers = await self.store.trainers(self.owner, now, LEASE_SECONDS)
+        busy = set(wanted) | set(await self.store.trained_jobs(now)) | self._leases
+        share = math.ceil(len(busy) / trainers)
+        trained: set[str] = set()
+        deferred, self._deferred = self._deferred, set()
+        random.shuffle(wanted)  # replicas that start together try the jobs in different orders
+        for job in wanted:
+            if job not in self._leases and len(self._leases) >= share and job not in deferred:
+                # Past its share, a replica leaves a job one round for the others; still untaken
+                # then, the job is its own: no job waits for long, whatever the shares.
+                self._deferred.add(job)
+                continue
+            if not await self.store.hold_trainer_lease(job, self.owner, LEASE_SECONDS, now):
+                self._leases.discard(job)
+                continue
+            self._leases.add(job)
+            runtime = await self.get(job)
+            await runtime.train()
+            if runtime.owned and job not in self._resident:  # its first round gave it its own predictor
+                self._keep(job, runtime)
+            trained.add(job)
+        return trained
