@@ -81,18 +81,22 @@ def test_fixed_outcome_series_exist_before_the_first_event() -> None:
         assert values[("trace_expand_events_total", (("outcome", outcome),))] == 0
 
 
-def test_predictor_figures_are_nan_until_defined() -> None:
+def test_a_jobs_predictor_figures_are_nan_until_defined() -> None:
     metrics = Metrics(CollectorRegistry())
+    job = (("training_job", "run-a"),)
+    metrics.observe_predictor("run-a", version=4, brier=0.18, ece=None, spearman=0.42)
     values = sample_values(metrics.registry)
-    assert values[("trace_predictor_version", ())] == 0
-    assert math.isnan(values[("trace_predictor_brier_score", ())])
-
-    metrics.observe_predictor(version=4, brier=0.18, ece=None, spearman=0.42)
-    values = sample_values(metrics.registry)
-    assert values[("trace_predictor_version", ())] == 4
-    assert values[("trace_predictor_brier_score", ())] == pytest.approx(0.18)
-    assert math.isnan(values[("trace_predictor_calibration_error", ())])
-    assert values[("trace_predictor_spearman", ())] == pytest.approx(0.42)
+    assert values[("trace_predictor_version", job)] == 4
+    assert values[("trace_predictor_brier_score", job)] == pytest.approx(0.18)
+    assert math.isnan(values[("trace_predictor_calibration_error", job)])
+    assert values[("trace_predictor_spearman", job)] == pytest.approx(0.42)
+    for source in ("network", "history"):  # a source not measured yet is NaN, not absent
+        assert math.isnan(values[("trace_predictor_prior_log_likelihood", (("source", source), *job))])
+    assert not [
+        key
+        for key in values
+        if key[0] == "trace_predictor_version" and key != ("trace_predictor_version", job)
+    ]
 
 
 def test_histograms_count_observations_in_seconds() -> None:

@@ -328,8 +328,10 @@ def populate(metrics: Metrics) -> None:
     for mixed in ("true", "false"):
         metrics.trees_completed.labels("run-a", mixed).inc()
     metrics.effective_ratio.labels("run-a").set(0.5)
-    metrics.observe_predictor(version=2, brier=0.2, ece=0.05, spearman=0.4)
-    metrics.predictor_examples.inc(100)
+    metrics.observe_predictor("run-a", version=2, brier=0.2, ece=0.05, spearman=0.4)
+    metrics.predictor_examples.labels("run-a").inc(100)
+    metrics.predictor_resident.set(1)
+    metrics.predictor_evictions.inc()
     metrics.predictor_train_duration.observe(0.3)
     metrics.predictor_load_failures.inc(0)
     metrics.store_errors.labels("apply_events").inc()
