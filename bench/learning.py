@@ -18,10 +18,9 @@ Arms, each with its own copy of the policy θ (the family's initial policy) and 
                  the freshness learned from its own trees and half the trees' continuations shared, as
                  the service's `trace_joint`; `oracle_shared` with all of them shared, as `trace_shared`
 
-The service's predictor is one per process (jobs share it), so every arm whose policy reads Ṽ drives its
-own `trace-rollout serve` process, whose predictor learns only from that arm's trees; the arms whose
-policies never read it (uniform, dapo, greso, treepo) share one serve-only process. One redis-server
-serves them all, each process under its own key prefix. A step: the pool is the family's epoch slice
+One `trace-rollout serve` process on one redis-server serves every arm of a family and seed, each arm
+its own job, so each arm's predictor learns only from that arm's trees (the service keeps a predictor
+per job). A step: the pool is the family's epoch slice
 (`epoch_pool(step, B)`, the training seed); the arm allocates over HTTP with its policy, the driver runs
 the rollouts with the arm's policy (θ fixed during the step), every tree is fetched, and θ takes one
 policy-gradient step. Then the held-out success — the exact mean success of the held-out tasks (another
@@ -292,8 +291,7 @@ class Arm:
 
     @property
     def reads_predictor(self) -> bool:
-        """Whether its rules read Ṽ (`POLICIES`): arms whose rules do not share one serve-only process;
-        any other policy, a new one included, gets its own process and predictor."""
+        """Whether its rules read Ṽ (`POLICIES`): only those wait for their job's predictor to train."""
         return self.policy is not None and POLICIES[self.policy].uses_predictor
 
     @property
@@ -467,7 +465,7 @@ class ServiceArm(ArmRun):
         return list(result.trees)
 
     async def wait_for_training(self, patience: float) -> None:
-        await wait_for_training(self.client, patience)
+        await wait_for_training(self.client, self.job, patience)
 
 
 class _TrueProbabilities:
@@ -528,18 +526,18 @@ class OracleArm(ArmRun):
         return StepOutcome(turns, result.rollouts, result.turns, result.mixed, result.active)
 
 
-async def wait_for_training(client: AsyncTraceClient, patience: float) -> None:
-    """Until the predictor has trained on the step's trees (at most `patience` seconds). The service
-    trains in the background, a round every TRAIN_INTERVAL_SECONDS on the trees completed since the
-    last; every tree is complete now, so the next new version has seen them all, and when nothing
+async def wait_for_training(client: AsyncTraceClient, job: str, patience: float) -> None:
+    """Until the job's predictor has trained on the step's trees (at most `patience` seconds). The
+    service trains in the background, a round every TRAIN_INTERVAL_SECONDS on the trees completed since
+    the last; every tree is complete now, so the next new version has seen them all, and when nothing
     is ingested for two intervals, the last round already had them."""
-    before = await client.predictor_info()
+    before = await client.predictor_info(job)
     now = time.monotonic()
     deadline, quiet_until = now + patience, now + 2 * TRAIN_INTERVAL_SECONDS
     while time.monotonic() < deadline:
         # Not faster: each GET /v1/predictor scores the predictor's held-out trees.
         await asyncio.sleep(TRAIN_INTERVAL_SECONDS)
-        info = await client.predictor_info()
+        info = await client.predictor_info(job)
         if info.version > before.version:
             return
         if info.examples_seen != before.examples_seen:
@@ -558,40 +556,24 @@ def fresh_job(*parts: str) -> str:
     return "".join(c if c.isalnum() or c in "_.-" else "-" for c in named) + f"-{uuid.uuid4().hex[:6]}"
 
 
-def service_settings(prefix: str, feature_dim: int, *, trainer: bool) -> dict[str, str]:
+def service_settings(prefix: str, feature_dim: int, jobs: int) -> dict[str, str]:
+    """One service for every arm: ``jobs`` arms' predictors fit in its memory at once."""
     return {
         **SERVICE_SETTINGS,
         "TRACE_STORE_PREFIX": prefix,
-        "TRACE_TRAINER": str(trainer).lower(),
         "TRACE_PREDICTOR_FEATURE_DIM": str(feature_dim),
+        "TRACE_PREDICTOR_MAX_JOBS": str(max(jobs, 1)),
     }
 
 
-def start_services(
-    family: str,
-    seed: int,
-    arms: Sequence[Arm],
-    redis: RedisServer,
-    directory: Path,
-    template: PolicyWorkload,
-) -> dict[str, ServiceProcess]:
-    """The service process of each arm that allocates through the service (module docstring)."""
+def start_service(
+    family: str, seed: int, arms: Sequence[Arm], redis: RedisServer, directory: Path, template: PolicyWorkload
+) -> ServiceProcess:
+    """The one service process every arm allocates through (module docstring)."""
     features = template.prompts[0].features
     feature_dim = 0 if features is None else len(features)
-    shared = None
-    services = {}
-    for arm in arms:
-        if arm.policy is None:
-            continue
-        if arm.reads_predictor:
-            settings = service_settings(f"learn-{family}-{seed}-{arm.name}", feature_dim, trainer=True)
-            services[arm.name] = ServiceProcess(redis.url, directory, settings).start()
-            continue
-        if shared is None:
-            settings = service_settings(f"learn-{family}-{seed}-shared", feature_dim, trainer=False)
-            shared = ServiceProcess(redis.url, directory, settings).start()
-        services[arm.name] = shared
-    return services
+    settings = service_settings(f"learn-{family}-{seed}", feature_dim, len(arms))
+    return ServiceProcess(redis.url, directory, settings).start()
 
 
 def held_out_success(held_out: PolicyWorkload, theta: FloatArray, prompt_ids: Sequence[str]) -> float:
@@ -634,13 +616,10 @@ async def run_family_seed(
     evaluated = [prompt.prompt_id for prompt in held_out.prompts]
     template = make_workload(family, seed, prompts=args.prompts)
     assert isinstance(template, PolicyWorkload)
-    services = start_services(family, seed, arms, redis, directory, template)
+    service = start_service(family, seed, arms, redis, directory, template)
     try:
-        for service in set(services.values()):
-            service.wait_ready()
-        service_arms = [
-            ServiceArm(arm, family, seed, args, services[arm.name]) for arm in arms if arm.name in services
-        ]
+        service.wait_ready()
+        service_arms = [ServiceArm(arm, family, seed, args, service) for arm in arms if arm.policy]
         oracle_arms = [OracleArm(arm, family, seed, args) for arm in arms if arm.policy is None]
         runs: list[ArmRun] = [*service_arms, *oracle_arms]
         for run in runs:
@@ -671,8 +650,7 @@ async def run_family_seed(
         for run in service_arms:
             await run.client.aclose()
     finally:
-        for service in set(services.values()):
-            service.stop()
+        service.stop()
     return {run.arm.name: run.curve for run in runs}
 
 

@@ -5,10 +5,13 @@
 Starts a throwaway redis-server and the measured `trace-rollout serve` process (serving only) with a
 second replica that trains the predictor (`--trainer same`: the measured process trains), all on
 loopback, then:
-  0. warm-up: 100 trees through the whole flow until the service predicts with trained weights; a
-     separate trainer then stops, so every measured call pays for a real forward pass;
+  0. warm-up: 100 trees of one job through the whole flow until the service predicts with trained
+     weights; a separate trainer then stops;
+then, for each count in --jobs (1 and 50 by default), with the traffic spread over that many jobs, each
+starting from a copy of the warm-up job's predictor (so every measured call pays a real forward pass,
+and with 50 jobs, 50 predictors serve side by side):
   1. /v1/allocate with B prompts of about 200 words and budget M, one call at a time after a warm-up
-     call: latency percentiles;
+     call per job: latency percentiles;
   2. /v1/expand with fresh trees: bare rollouts, the Stage 2 decisions they trigger inline, the
      continuations the instructions ask for and the completions they make, in batches of whole
      rollouts, twice:
@@ -17,6 +20,7 @@ loopback, then:
      b. latency at a given load: open loop at --rate events/s, each batch's latency counted from when
         it was due (no coordinated omission): p50 and p99;
   3. redis-benchmark (SET, GET) on the same server as the physical reference.
+Later counts are also reported as ratios to the first, measured in the same run.
 Client connections are opened before the clock starts.  Everything runs on 127.0.0.1 and stops by itself;
 the load generator, Redis and the service share the machine's cores.
 """
@@ -60,25 +64,31 @@ def prompt_text(rng: random.Random) -> str:
     return " ".join(rng.choices(WORDS, k=200))
 
 
-async def bench_allocate(url: str, prompts: int, budget: int, repeats: int) -> list[float]:
-    """Latency of /v1/allocate calls, one at a time, after one warm-up call.  Bodies are encoded before
-    the clock starts: the client's JSON encoding of a megabyte is not the service's time."""
+#: The job the warm-up trains; every measured job starts from a copy of its predictor.
+WARM_UP_JOB = "bench-warm-up"
+
+
+async def bench_allocate(url: str, prompts: int, budget: int, repeats: int, jobs: list[str]) -> list[float]:
+    """Latency of /v1/allocate calls, one at a time, taking the jobs in turn, after one warm-up call per
+    job (its first, which copies the warm-up job's predictor).  Bodies are encoded before the clock
+    starts: the client's JSON encoding of a megabyte is not the service's time."""
     rng = random.Random(0)
     pool = [{"prompt_id": f"p{i}", "text": prompt_text(rng)} for i in range(prompts)]
-    bodies = [
-        json.dumps(
-            {"job": "bench-allocate", "step": step, "budget": budget, "max_rollouts": 64, "prompts": pool}
-        ).encode()
-        for step in range(repeats + 1)
-    ]
+
+    def body(call: int) -> bytes:
+        job, step = jobs[call % len(jobs)], call // len(jobs)
+        fields = {"job": job, "step": step, "budget": budget, "max_rollouts": 64, "prompts": pool}
+        return json.dumps(fields | ({"predictor_from": WARM_UP_JOB} if step == 0 else {})).encode()
+
+    bodies = [body(call) for call in range(len(jobs) + repeats)]
     times = []
     async with httpx.AsyncClient(base_url=url, timeout=60.0, headers=JSON) as client:
-        for body in bodies:
+        for content in bodies:
             start = time.perf_counter()
-            response = await client.post("/v1/allocate", content=body)
+            response = await client.post("/v1/allocate", content=content)
             times.append(time.perf_counter() - start)
             response.raise_for_status()
-    return times[1:]
+    return times[len(jobs) :]
 
 
 @dataclass
@@ -182,31 +192,40 @@ class Workload:
         return self.failed or not (self.bare or self.continuations or self.waiting or self.in_flight)
 
 
-async def new_trees(url: str, job: str, trees: int, rng: random.Random) -> list[str]:
+async def new_trees(url: str, job: str, step: int, trees: int, rng: random.Random) -> list[str]:
     """Allocate ``trees`` prompts ``ROLLOUTS`` bare rollouts each (no Stage 1 skipping), expansion 1."""
-    prompts = [{"prompt_id": f"{job}-q{i}", "text": prompt_text(rng)} for i in range(trees)]
+    prompts = [{"prompt_id": f"{job}-{step}-q{i}", "text": prompt_text(rng)} for i in range(trees)]
     async with httpx.AsyncClient(base_url=url, timeout=60.0) as client:
         response = await client.post(
             "/v1/allocate",
-            json={"job": job, "step": 0, "budget": trees * ROLLOUTS, "min_rollouts": ROLLOUTS,
-                  "max_rollouts": ROLLOUTS, "expansion": 1.0, "prompts": prompts},
+            json={"job": job, "step": step, "budget": trees * ROLLOUTS, "min_rollouts": ROLLOUTS,
+                  "max_rollouts": ROLLOUTS, "expansion": 1.0, "prompts": prompts,
+                  "predictor_from": WARM_UP_JOB},
         )  # fmt: skip
         response.raise_for_status()
     return [tree["tree_id"] for tree in response.json()["trees"]]
 
 
-async def workload(url: str, job: str, trees: int, args: argparse.Namespace, rng: random.Random) -> Workload:
-    return Workload(await new_trees(url, job, trees, rng), args.batch, args.turn_words, rng)
+async def workload(
+    url: str, jobs: list[str], step: int, trees: int, args: argparse.Namespace, rng: random.Random
+) -> Workload:
+    """``trees`` fresh trees spread over the jobs, their rollouts interleaved: batches mix the jobs."""
+    shares = [trees // len(jobs) + (k < trees % len(jobs)) for k in range(len(jobs))]
+    by_job = [
+        await new_trees(url, job, step, share, rng) for job, share in zip(jobs, shares, strict=True) if share
+    ]
+    interleaved = [tree for row in itertools.zip_longest(*by_job) for tree in row if tree is not None]
+    return Workload(interleaved, args.batch, args.turn_words, rng)
 
 
 async def warm_up(url: str, args: argparse.Namespace, rng: random.Random) -> int:
     """Run 100 trees through the whole flow, then wait (up to two minutes) until the service predicts
     with trained weights; returns their version."""
-    await saturate(url, await workload(url, "bench-warm-up", 100, args, rng), args.workers)
+    await saturate(url, await workload(url, [WARM_UP_JOB], 0, 100, args, rng), args.workers)
     deadline = time.monotonic() + 120.0
     async with httpx.AsyncClient(base_url=url, timeout=60.0) as client:
         while time.monotonic() < deadline:
-            version = int((await client.get("/v1/predictor")).json()["version"])
+            version = int((await client.get("/v1/predictor", params={"job": WARM_UP_JOB})).json()["version"])
             if version > 0:
                 return version
             await asyncio.sleep(0.2)
@@ -310,6 +329,73 @@ def redis_benchmark(port: int) -> str:
     return ", ".join(f"{row[0]} {float(row[1]):,.0f} req/s (p50 {row[4]} ms)" for row in rows)
 
 
+@dataclass
+class Measured:
+    """One pass of the measurements with the traffic spread over ``jobs`` jobs."""
+
+    jobs: int
+    allocate: list[float]
+    saturated: ExpandRun
+    offered: ExpandRun
+    service_cpu: float
+
+
+def measure(url: str, pid: int, jobs: int, args: argparse.Namespace) -> Measured:
+    """/v1/allocate, then /v1/expand at capacity and at the offered rate, over ``jobs`` jobs each with
+    its own predictor (a copy of the warm-up job's: every call pays a real forward pass)."""
+    names = [f"bench-{jobs}-{k}" for k in range(jobs)]
+    allocate = asyncio.run(bench_allocate(url, args.prompts, args.budget, args.allocate_repeats, names))
+    rng = random.Random(1)
+    trees = max(1, round(args.events / 60))  # about 40 bare and 20 continuation events per tree
+    capacity_step, offered_step = 10_000, 10_001  # after every allocate call's step
+    saturation = asyncio.run(workload(url, names, capacity_step, trees, args, rng))
+    offered_load = asyncio.run(workload(url, names, offered_step, trees, args, rng))
+    cpu_before = cpu_seconds(pid)
+    saturated = asyncio.run(saturate(url, saturation, args.workers))
+    service_cpu = cpu_seconds(pid) - cpu_before
+    offered = asyncio.run(offer(url, offered_load, args.rate, args.connections))
+    for run, step in ((saturated, capacity_step), (offered, offered_step)):
+        for job in names:
+            stats = httpx.get(f"{url}/v1/jobs/{job}/stats", timeout=60.0).json()["steps"]
+            run.trees += sum(entry["active"] for entry in stats if entry["step"] == step)
+            run.completed += sum(entry["trees_complete"] for entry in stats if entry["step"] == step)
+    return Measured(jobs, allocate, saturated, offered, service_cpu)
+
+
+def report(measured: Measured, args: argparse.Namespace) -> dict[str, float]:
+    """Print one pass; its headline figures by name."""
+    allocate = measured.allocate
+    figures = {
+        "allocate p50 ms": statistics.median(allocate) * 1e3,
+        "allocate p99 ms": percentile(allocate, 0.99) * 1e3,
+    }
+    jobs = f"{measured.jobs} job" + ("s" if measured.jobs > 1 else "")
+    print(f"--- {jobs}, each with its own predictor (the calls and trees take the jobs in turn)")
+    print(f"/v1/allocate  B={args.prompts} M={args.budget}, 200-word prompts, {args.allocate_repeats} calls:")
+    print(f"    p50 {figures['allocate p50 ms']:.1f} ms   p99 {figures['allocate p99 ms']:.1f} ms")
+    print(
+        f"/v1/expand    {measured.saturated.trees} trees each way: 8 bare rollouts of 5 turns of "
+        f"{args.turn_words} words, then the continuations their instructions ask for; batches of up to "
+        f"{args.batch} events:"
+    )
+    for name, label, run in (
+        ("capacity", f"capacity, {args.workers} workers back to back", measured.saturated),
+        ("offered", f"offered {args.rate:,.0f} events/s, open loop", measured.offered),
+    ):
+        p50, p99 = statistics.median(run.latencies) * 1e3, percentile(run.latencies, 0.99) * 1e3
+        figures |= {f"{name} events/s": run.rate, f"{name} p50 ms": p50, f"{name} p99 ms": p99}
+        print(
+            f"    {label:38s} {run.rate:8,.0f} events/s   batch p50 {p50:6.1f} ms   p99 {p99:6.1f} ms"
+            f"   ({run.accepted}/{run.events} accepted, {run.completed}/{run.trees} trees complete)"
+        )
+    figures["events per CPU-s"] = measured.saturated.events / measured.service_cpu
+    print(
+        f"    service process CPU at capacity: {figures['events per CPU-s']:,.0f} events per CPU-second"
+        " (the load generator and Redis share the same cores)"
+    )
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -324,6 +410,12 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=16, help="connections of the open-loop run")
     parser.add_argument("--turn-words", type=int, default=40)
     parser.add_argument(
+        "--jobs",
+        default="1,50",
+        help="comma-separated job counts: one pass of every measurement per count, the traffic spread over"
+        " that many jobs, each with its own predictor; later passes are also given as ratios to the first",
+    )
+    parser.add_argument(
         "--trainer",
         choices=["separate", "same"],
         default="separate",
@@ -332,8 +424,12 @@ def main() -> None:
     )
     parser.add_argument("--trainer-threads", type=int, default=1, help="torch threads of a separate trainer")
     args = parser.parse_args()
+    job_counts = [int(count) for count in args.jobs.split(",")]
+    if not job_counts or min(job_counts) < 1:
+        parser.error("--jobs takes counts of at least 1")
 
-    settings = {"TRACE_LOG_LEVEL": "WARNING"}
+    # Every measured job's predictor stays in memory, beside the warm-up job's.
+    settings = {"TRACE_LOG_LEVEL": "WARNING", "TRACE_PREDICTOR_MAX_JOBS": str(sum(job_counts) + 1)}
     separate = args.trainer == "separate"
     with tempfile.TemporaryDirectory() as directory:
         redis = RedisServer(Path(directory), append_only=False).start()
@@ -348,59 +444,29 @@ def main() -> None:
             if separate
             else None
         )
-        url = service.url
         try:
             for process in (service, trainer):
                 if process is not None:
                     process.wait_ready()
-            # Warm-up: complete some trees and wait for trained weights, so that every call below pays
-            # for a real forward pass (version 0 answers from the prior alone).  A separate trainer then
-            # stops, as if it trained elsewhere (a GPU): the measured process is the only one serving.
-            version = asyncio.run(warm_up(url, args, random.Random(2)))
+            # Warm-up: complete some trees and wait for trained weights, which every measured job copies
+            # (version 0 would answer from the prior alone).  A separate trainer then stops, as if it
+            # trained elsewhere (a GPU): the measured process is the only one serving.
+            version = asyncio.run(warm_up(service.url, args, random.Random(2)))
             if trainer is not None:
                 trainer.stop()
-            allocate = asyncio.run(bench_allocate(url, args.prompts, args.budget, args.allocate_repeats))
-            rng = random.Random(1)
-            # About 40 bare and 20 continuation events per tree.
-            trees = max(1, round(args.events / 60))
-            saturation = asyncio.run(workload(url, "bench-capacity", trees, args, rng))
-            offered_load = asyncio.run(workload(url, "bench-offered", trees, args, rng))
-            cpu_before = cpu_seconds(service.process.pid)
-            saturated = asyncio.run(saturate(url, saturation, args.workers))
-            service_cpu = cpu_seconds(service.process.pid) - cpu_before
-            offered = asyncio.run(offer(url, offered_load, args.rate, args.connections))
-            for run, job in ((saturated, "bench-capacity"), (offered, "bench-offered")):
-                stats = httpx.get(f"{url}/v1/jobs/{job}/stats", timeout=60.0).json()["steps"]
-                run.trees = sum(step["active"] for step in stats)
-                run.completed = sum(step["trees_complete"] for step in stats)
+            passes = [measure(service.url, service.process.pid, jobs, args) for jobs in job_counts]
             reference = redis_benchmark(redis.port)
         finally:
             for process in (service, trainer):
                 if process is not None:
                     process.stop()
             redis.stop()
-    p50, p99 = statistics.median(allocate) * 1e3, percentile(allocate, 0.99) * 1e3
-    print(f"/v1/allocate  B={args.prompts} M={args.budget}, 200-word prompts, {args.allocate_repeats} calls:")
-    print(f"    p50 {p50:.1f} ms   p99 {p99:.1f} ms")
+    figures = [report(measured, args) for measured in passes]
+    for measured, later in zip(passes[1:], figures[1:], strict=True):
+        ratios = "   ".join(f"{name} {later[name] / figures[0][name]:.2f}" for name in figures[0])
+        print(f"{measured.jobs} jobs against {passes[0].jobs}, same run: {ratios}")
     print(
-        f"/v1/expand    {trees} trees each way: 8 bare rollouts of 5 turns of {args.turn_words} words, then"
-        f" the continuations their instructions ask for; batches of up to {args.batch} events:"
-    )
-    for label, run in (
-        (f"capacity, {args.workers} workers back to back", saturated),
-        (f"offered {args.rate:,.0f} events/s, open loop", offered),
-    ):
-        p50, p99 = statistics.median(run.latencies) * 1e3, percentile(run.latencies, 0.99) * 1e3
-        print(
-            f"    {label:38s} {run.rate:8,.0f} events/s   batch p50 {p50:6.1f} ms   p99 {p99:6.1f} ms"
-            f"   ({run.accepted}/{run.events} accepted, {run.completed}/{run.trees} trees complete)"
-        )
-    print(
-        f"    service process CPU at capacity: {saturated.events / service_cpu:,.0f} events per CPU-second"
-        " (the load generator and Redis share the same cores)"
-    )
-    print(
-        f"predictor: v{version} after the warm-up, trained "
+        f"predictor: the warm-up job's v{version}, copied by every measured job, trained "
         + (
             "by a second replica, stopped before the measurements"
             if args.trainer == "separate"

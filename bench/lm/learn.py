@@ -10,8 +10,8 @@ supervised training on noisy demonstrations of the task (cached per task, seed a
 `bench/results/lm-cache/`, so every arm starts from the same weights), then trained by GRPO-style policy
 gradient over tokens. Its rollouts run as the worker callables of `trace_client.driver` against
 `trace-rollout serve` over HTTP with the embedded store, exactly as a trainer would use the service: the
-predictor, the store, Stage 1 and Stage 2 all take part. Every arm whose policy reads the predictor gets
-its own service process (its predictor learns from that arm's trees only); the others share one.
+predictor, the store, Stage 1 and Stage 2 all take part. One service process serves every arm, each arm
+its own job, so each arm's predictor learns from that arm's trees only.
 
 A step of an arm: the pool (B prompts of the task's training stream, the same for every arm) is
 allocated with the arm's policy and budget; the driver runs the rollouts, every agent turn sampled
@@ -437,25 +437,11 @@ def takes_step(curve: TokenCurve, uniform: TokenCurve, step: int, steps: int) ->
     return curve is not uniform and step < MAX_STEPS_FACTOR * steps and curve.tokens[-1] < uniform.tokens[-1]
 
 
-def start_services(arms: Sequence[Arm], directory: Path, feature_dim: int) -> dict[str, ServiceProcess]:
-    """A service process on the embedded store for each arm that reads the predictor, one shared by
-    the others."""
-    services: dict[str, ServiceProcess] = {}
-    shared: ServiceProcess | None = None
-    for arm in arms:
-        if arm.reads_predictor or shared is None:
-            data = Path(tempfile.mkdtemp(prefix="lm-", dir="/tmp"))  # a short path: the store's socket
-            settings = {
-                **service_settings(f"lm-{arm.name}", feature_dim, trainer=arm.reads_predictor),
-                "TRACE_DATA_DIR": str(data),
-            }
-            process = ServiceProcess("", directory, settings).start()
-            if not arm.reads_predictor:
-                shared = process
-            services[arm.name] = process
-        else:
-            services[arm.name] = shared
-    return services
+def start_service(arms: Sequence[Arm], directory: Path, feature_dim: int) -> ServiceProcess:
+    """One service process on the embedded store for every arm, each arm its own job."""
+    data = Path(tempfile.mkdtemp(prefix="lm-", dir="/tmp"))  # a short path: the store's socket
+    settings = {**service_settings("lm", feature_dim, len(arms)), "TRACE_DATA_DIR": str(data)}
+    return ServiceProcess("", directory, settings).start()
 
 
 async def run_task_seed(
@@ -476,16 +462,15 @@ async def run_task_seed(
     test = task.sample_prompts(np.random.default_rng([seed, 2]), args.test_prompts)
     stream = task.sample_prompts(np.random.default_rng([seed, 1]), args.pool * MAX_STEPS_FACTOR * args.steps)
     arms = [arm for arm in build_arms(args.arms, args.budget, args.expansion) if arm.name not in saved]
-    services = start_services(arms, directory, args.features)
+    service = start_service(arms, directory, args.features)
     runs = []
     try:
-        for service in set(services.values()):
-            service.wait_ready()
+        service.wait_ready()
         for arm in arms:
             model = TinyLM(config).to(args.device)
             model.load_state_dict(base.state_dict())
             policy = LMPolicy(model, task, lr=args.lr, feature_dim=args.features, seed=seed)
-            runs.append(ArmRun(arm, policy, services[arm.name], args))
+            runs.append(ArmRun(arm, policy, service, args))
         start_greedy, start_sampled = accuracy(runs[0].policy, test, args.eval_samples)
         print_histogram(task, runs[0].policy, test)
         for run in runs:
@@ -504,7 +489,7 @@ async def run_task_seed(
                     run.curve.record_accuracy(*accuracy(run.policy, test, args.eval_samples))
             await asyncio.gather(
                 *(
-                    wait_for_training(run.client, args.train_wait)
+                    wait_for_training(run.client, run.job, args.train_wait)
                     for run in stepping
                     if run.arm.reads_predictor
                 )
@@ -515,8 +500,7 @@ async def run_task_seed(
         for run in runs:
             await run.client.aclose()
     finally:
-        for service in set(services.values()):
-            service.stop()
+        service.stop()
     return {run.arm.name: run.curve for run in runs}
 
 

@@ -156,7 +156,9 @@ class PredictorRegistry:
 
     async def _warm_start(self, runtime: PredictorRuntime, source: str) -> None:
         """A copy of ``source``'s weights (published, or in memory here) becomes the job's first."""
-        resident = self._resident.get(source)
+        cold = self._cold.get(source)
+        # A job trained here for the first time is still among the cold ones until its round ends.
+        resident = self._resident.get(source) or (cold.runtime if cold is not None else None)
         if resident is not None and resident.version > 0:
             blob: bytes | None = await asyncio.to_thread(resident.predictor.to_bytes)
             version = resident.version

@@ -67,9 +67,11 @@ def test_each_job_has_its_own_predictor_and_a_deleted_job_has_none(service: Thre
 
 
 def test_starting_from_a_job_without_a_predictor_is_a_clear_error(service: ThreadedService) -> None:
-    with TraceClient(service.url) as client:
-        with pytest.raises(TraceValidationError, match="'nobody', which has no trained predictor"):
-            finished_step(client, "new", predictor_from="nobody")
+    with (
+        TraceClient(service.url) as client,
+        pytest.raises(TraceValidationError, match="'nobody', which has no trained predictor"),
+    ):
+        finished_step(client, "new", predictor_from="nobody")
 
 
 @pytest.mark.parametrize(

@@ -45,7 +45,7 @@ def write_stderr(text: str) -> None:
 
 async def run_demo(config: DemoConfig, url: str, write: Write) -> DemoReport:
     """Drive every policy of `config` for `config.steps` steps against the service at `url`, step by
-    step: each step every policy runs in turn, so all of them allocate from the same predictor."""
+    step: each step every policy runs in turn, each its own job with its own predictor."""
     started = time.monotonic()
     async with AsyncTraceClient(url) as client:
         await client.health()  # an unreachable service fails here, before any job is started
@@ -56,9 +56,15 @@ async def run_demo(config: DemoConfig, url: str, write: Write) -> DemoReport:
         for step in range(config.steps):
             for arm in arms:
                 await arm.run_step(step)
-            # Between steps, give the predictor time to train when a policy's rules read Ṽ.
-            if any(arm.policy in PREDICTOR_POLICIES for arm in arms) and step + 1 < config.steps:
-                await _let_predictor_train(client, config.train_wait)
+            # Between steps, give each job whose rules read Ṽ time to train its predictor.
+            if step + 1 < config.steps:
+                await asyncio.gather(
+                    *(
+                        _let_predictor_train(client, arm.job, config.train_wait)
+                        for arm in arms
+                        if arm.policy in PREDICTOR_POLICIES
+                    )
+                )
         runs = [await arm.report() for arm in arms]
     return DemoReport(config, runs, time.monotonic() - started)
 
@@ -115,18 +121,18 @@ class _PolicyArm:
     async def report(self) -> PolicyRun:
         stats = await self.client.job_stats(self.job)
         uses_predictor = self.policy in PREDICTOR_POLICIES
-        predictor = await self.client.predictor_info() if uses_predictor else None
+        predictor = await self.client.predictor_info(self.job) if uses_predictor else None
         return PolicyRun(self.policy, self.job, stats, self.versions, predictor, self.seconds)
 
 
-async def _let_predictor_train(client: AsyncTraceClient, patience: float) -> None:
-    """Wait (at most `patience` seconds) for the predictor to publish a new version, i.e. for one more
-    training round of the service's background loop on the trees that just completed."""
-    version = (await client.predictor_info()).version
+async def _let_predictor_train(client: AsyncTraceClient, job: str, patience: float) -> None:
+    """Wait (at most `patience` seconds) for the job's predictor to publish a new version, i.e. for one
+    more training round of the service's background loop on the job's trees that just completed."""
+    version = (await client.predictor_info(job)).version
     deadline = time.monotonic() + patience
     while time.monotonic() < deadline:
         await asyncio.sleep(_POLL_SECONDS)
-        if (await client.predictor_info()).version > version:
+        if (await client.predictor_info(job)).version > version:
             return
 
 

@@ -412,12 +412,13 @@ class TraceAgentLoopManager(AgentLoopManagerTQ):
         super().generate_sequences(prompts)
 
     def predictor_info(self) -> PredictorInfo | None:
-        """The predictor's quality figures, when `trace.predictor_metrics` asks for them; a failed call
-        costs the step its figures, not the training."""
-        if not TraceSettings.from_config(self.config).predictor_metrics:
+        """The job's predictor's quality figures, when `trace.predictor_metrics` asks for them; a failed
+        call costs the step its figures, not the training."""
+        settings = TraceSettings.from_config(self.config)
+        if not settings.predictor_metrics:
             return None
         try:
-            return self.trace_client.predictor_info()
+            return self.trace_client.predictor_info(settings.job_name(self.config))
         except TraceError as error:
             logger.warning("no trace/predictor metrics this step: %s", error)
             return None
