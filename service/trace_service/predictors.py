@@ -37,6 +37,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
 
+from redis.exceptions import RedisError
+
 from trace_service.metrics import Metrics
 from trace_service.predictor import (
     CheckpointError,
@@ -123,12 +125,18 @@ class PredictorRegistry:
             return cold.runtime
         task = self._loading.get(job)
         if task is None:
-            task = asyncio.ensure_future(self._load(job, warm_from))
+            task = asyncio.ensure_future(self._load(job))
             self._loading[job] = task
             task.add_done_callback(lambda _: self._loading.pop(job, None))
-        return await asyncio.shield(task)
+        runtime = await asyncio.shield(task)
+        if not runtime.owned and warm_from is not None and warm_from != job:
+            await self._warm_start(runtime, warm_from)
+            self._keep(job, runtime)
+        return runtime
 
-    async def _load(self, job: str, warm_from: str | None) -> PredictorRuntime:
+    async def _load(self, job: str) -> PredictorRuntime:
+        """The job's predictor from the store: the whole one its trainer set down, then any newer
+        published weights; none of either: a cold runtime.  A copy already in memory wins."""
         setting_down = self._setting_down.get(job)
         if setting_down is not None:  # what it sets down is what this loads
             await asyncio.shield(setting_down)
@@ -144,8 +152,9 @@ class PredictorRegistry:
         published = await self.store.load_weights(job)
         if published is not None:
             await runtime.adopt(*published)
-        if not runtime.owned and warm_from is not None and warm_from != job:
-            await self._warm_start(runtime, warm_from)
+        kept = self._resident.get(job)
+        if kept is not None:  # kept meanwhile (a trainer's first round): that copy is the job's
+            return kept
         if runtime.owned:
             self._keep(job, runtime)
         else:
@@ -193,8 +202,11 @@ class PredictorRegistry:
     # --- memory -------------------------------------------------------------------------------------
 
     def _keep(self, job: str, runtime: PredictorRuntime) -> None:
-        """Keep a job with a predictor of its own in memory, setting down the least recently used."""
+        """Keep a job's predictor in memory, setting down the least recently used (a copy already kept
+        stays: it is the one its trainer trains)."""
         self._cold.pop(job, None)
+        if self._resident.get(job, runtime) is not runtime:
+            return
         self._resident[job] = runtime
         self.metrics.predictor_resident.set(len(self._resident))
         self._set_down_beyond_capacity()
@@ -229,9 +241,12 @@ class PredictorRegistry:
             logger.exception("job %r: its predictor could not be set down", job)
 
     async def forget(self, job: str) -> None:
-        """Drop a deleted job here at once, writing nothing back."""
-        self._resident.pop(job, None)
-        self._cold.pop(job, None)
+        """Drop a deleted job here at once, writing nothing back (a training round under way publishes
+        nothing once it ends)."""
+        cold = self._cold.pop(job, None)
+        for runtime in (self._resident.pop(job, None), cold.runtime if cold is not None else None):
+            if runtime is not None:
+                runtime.deleted = True
         self._leases.discard(job)
         self.metrics.predictor_resident.set(len(self._resident))
         self.metrics.forget_job(job)
@@ -250,6 +265,9 @@ class PredictorRegistry:
         """One round of background work: train the jobs whose lease this replica holds or takes (up to
         its share), then load newer published weights of the others kept here; a job gone from the
         store is dropped."""
+        for job in list(self._leases):  # renewed first: a long round must not let them lapse
+            if not await self.store.hold_trainer_lease(job, self.owner, LEASE_SECONDS, time.time()):
+                self._leases.discard(job)  # it lapsed and another replica took it
         trained: set[str] = set()
         if train:
             trained = await self._train_round()
@@ -259,10 +277,6 @@ class PredictorRegistry:
             if not await self.store.job_exists(job):
                 await self.forget(job)
                 continue
-            if job in self._leases and not await self.store.hold_trainer_lease(
-                job, self.owner, LEASE_SECONDS, time.time()
-            ):
-                self._leases.discard(job)  # it lapsed and another replica took it
             await runtime.load_newer()
 
     async def _train_round(self) -> set[str]:
@@ -277,18 +291,36 @@ class PredictorRegistry:
         deferred, self._deferred = self._deferred, set()
         random.shuffle(wanted)  # replicas that start together try the jobs in different orders
         for job in wanted:
+            if job in self._setting_down:  # its lease is being given up: a later round decides
+                continue
             if job not in self._leases and len(self._leases) >= share and job not in deferred:
                 # Past its share, a replica leaves a job one round for the others; still untaken
                 # then, the job is its own: no job waits for long, whatever the shares.
                 self._deferred.add(job)
                 continue
+            newly = job not in self._leases
             if not await self.store.hold_trainer_lease(job, self.owner, LEASE_SECONDS, now):
                 self._leases.discard(job)
                 continue
             self._leases.add(job)
-            runtime = await self.get(job)
-            await runtime.train()
-            if runtime.owned and job not in self._resident:  # its first round gave it its own predictor
-                self._keep(job, runtime)
+            try:
+                await self._train(job, newly=newly)
+            except (RedisError, OSError):
+                raise  # the store is down: the whole round waits for it
+            except Exception:  # one job's failure must not stop the others' training
+                logger.exception("job %r: its training round failed", job)
             trained.add(job)
         return trained
+
+    async def _train(self, job: str, *, newly: bool) -> None:
+        """One training round of a job whose lease this replica holds.  A lease newly taken starts from
+        what the job's last trainer set down in the store, not from the copy this replica serves (which
+        holds the published weights and no training data)."""
+        if newly:
+            self._cold.pop(job, None)
+            if self._resident.pop(job, None) is not None:
+                self.metrics.predictor_resident.set(len(self._resident))
+        runtime = await self.get(job)
+        await runtime.own()
+        self._keep(job, runtime)  # kept before it trains: a request meanwhile gets this copy
+        await runtime.train()

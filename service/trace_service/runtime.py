@@ -72,6 +72,7 @@ class PredictorRuntime:
         self.success_threshold = success_threshold
         self.train_steps = train_steps
         self._new_predictor = new_predictor
+        self.deleted = False  # its job was deleted: nothing more is published
         self.lock = asyncio.Lock()  # training, loading and setting down take turns
         self._waiting: list[_Waiting] = []
         self._batcher: asyncio.Task[None] | None = None
@@ -174,9 +175,10 @@ class PredictorRuntime:
         """ρ of Stage 1's joint objective, learned with the weights (``SuccessPredictor.freshness``)."""
         return self.predictor.freshness
 
-    def _own(self) -> None:
+    async def own(self) -> None:
+        """A predictor of its own in place of the shared cold one (built beside the loop)."""
         if not self.owned:
-            self.predictor, self.owned = self._new_predictor(), True
+            self.predictor, self.owned = await asyncio.to_thread(self._new_predictor), True
 
     async def train(self, most_trees: int = 512) -> None:
         """One training round on the job's completed trees, if any; publishes the new weights."""
@@ -184,7 +186,7 @@ class PredictorRuntime:
             tree_ids = await self.store.pop_completed(self.job, most_trees)
             if not tree_ids:
                 return
-            self._own()
+            await self.own()
             added = 0
             for tree_id in tree_ids:
                 try:
@@ -199,10 +201,11 @@ class PredictorRuntime:
                 return
             with self.metrics.predictor_train_duration.time():
                 result = await asyncio.to_thread(self.predictor.train_round, self.train_steps)
-            if result.steps:
+            if result.steps and not self.deleted:
                 blob = await asyncio.to_thread(self.predictor.to_bytes)
-                await self.store.publish_weights(self.job, result.version, blob)
-                await self._observe()
+                if not self.deleted:
+                    await self.store.publish_weights(self.job, result.version, blob)
+                    await self._observe()
 
     async def load_newer(self) -> None:
         """Adopt the job's published weights if they are newer than the ones served here."""
@@ -219,7 +222,7 @@ class PredictorRuntime:
         previous = self.predictor.version
         if version <= previous:
             return False
-        self._own()
+        await self.own()
         try:
             await asyncio.to_thread(self.predictor.update_from_bytes, blob)
         except CheckpointError as error:

@@ -21,29 +21,34 @@ from trace_service.predictors import PredictorRegistry, UnknownPredictorError
 PROMPTS = 12
 
 
+async def complete_step(wired: Wired, job: str, step: int, success: float, **request: object) -> None:
+    """One step of ``job`` on the same prompt ids, every rollout succeeding as told, its trees complete."""
+    allocation = AllocateRequest.model_validate(
+        {
+            "job": job,
+            "step": step,
+            "budget": 4 * PROMPTS,
+            "expansion": 0.0,
+            "policy": Policy.UNIFORM,
+            "prompts": [PromptIn(prompt_id=f"p{i}", text=f"solve task {i}") for i in range(PROMPTS)],
+            **request,
+        }
+    )
+    answer = await wired.engine.allocation.allocate(allocation, None)
+    events = [
+        event
+        for tree in answer.trees
+        for _ in range(tree.rollouts)
+        for event in rollout(tree.tree_id, None, 2, success)
+    ]
+    assert (await wired.engine.intake.expand(events)).accepted == len(events)
+
+
 async def train_job(wired: Wired, job: str, success: float, steps: int = 3, **request: object) -> None:
-    """``steps`` training steps of ``job`` on the same prompt ids, each rollout succeeding as told, each
-    followed by a round of the predictors' background work."""
+    """``steps`` steps of ``job`` (``complete_step``), each followed by a round of the predictors'
+    background work."""
     for step in range(steps):
-        allocation = AllocateRequest.model_validate(
-            {
-                "job": job,
-                "step": step,
-                "budget": 4 * PROMPTS,
-                "expansion": 0.0,
-                "policy": Policy.UNIFORM,
-                "prompts": [PromptIn(prompt_id=f"p{i}", text=f"solve task {i}") for i in range(PROMPTS)],
-                **(request if step == 0 else {}),
-            }
-        )
-        answer = await wired.engine.allocation.allocate(allocation, None)
-        events = [
-            event
-            for tree in answer.trees
-            for _ in range(tree.rollouts)
-            for event in rollout(tree.tree_id, None, 2, success)
-        ]
-        assert (await wired.engine.intake.expand(events)).accepted == len(events)
+        await complete_step(wired, job, step, success, **(request if step == 0 else {}))
         await wired.engine.predictors.refresh(train=True)
 
 
@@ -114,6 +119,21 @@ async def test_a_replica_serves_a_job_another_replica_trained(wired: Wired) -> N
     await train_job(wired, "job", 1.0, steps=1)  # the trainer publishes a newer version
     await other.refresh(train=False)
     assert served.version == trainer.version
+
+
+async def test_a_replica_taking_a_jobs_lease_trains_on_from_what_its_trainer_set_down(wired: Wired) -> None:
+    await train_job(wired, "job", 1.0, steps=2)
+    first = wired.engine.predictors
+    replay = len((await first.get("job")).predictor._replay)
+    other = replica_of(wired)
+    serving = await other.get("job")  # the copy a serving replica holds: weights, no training data
+    assert serving.version >= 1 and len(serving.predictor._replay) == 0
+    await first.close()  # the trainer stops: the job's whole predictor is in the store, its lease free
+    await complete_step(wired, "job", 2, 1.0)
+    await other.refresh(train=True)
+    trained = await other.get("job")
+    assert "job" in other._leases
+    assert len(trained.predictor._replay) > replay > 0  # the set-down buffer, and the new step's trees
 
 
 async def test_training_many_jobs_spreads_over_the_trainers(wired: Wired) -> None:

@@ -104,11 +104,13 @@ def test_a_checkpoint_with_training_data_gives_back_the_whole_predictor(
         before, after = getattr(predictor, name).oldest_first(), getattr(restored, name).oldest_first()
         assert len(after) == len(before) > 0
         assert [described(item) for item in after] == [described(item) for item in before]
-    # Both go on alike: the same examples give the same next round.
+    # Both go on alike: the same examples give the same next round, to the last bit (the trained
+    # weights, the optimiser's moments and the random streams came back too).
     more = synthetic_task.examples(synthetic_task.tree(predictor.featurizer, rng, "more"))
     for each in (predictor, restored):
         each.add_examples(more)
-    assert restored.train_round(max_steps=2).steps == predictor.train_round(max_steps=2).steps
+    assert restored.train_round(max_steps=2).steps == predictor.train_round(max_steps=2).steps > 0
+    np.testing.assert_array_equal(restored.predict(queries), predictor.predict(queries))
     # The plain checkpoint (what replicas publish) holds no training data.
     assert len(SuccessPredictor.from_bytes(predictor.to_bytes())._replay) == 0
 
@@ -118,9 +120,16 @@ def test_malformed_training_data_is_a_checkpoint_error() -> None:
     root = predictor.featurizer.encode_prompt("p", "text")
     predictor.add_examples([TrainingExample(root, 1.0, 1.0)])
     header, state = decode_checkpoint(predictor.to_bytes(with_training_data=True))
-    header["training_data"]["replay"][0][0] = 7  # a history that does not exist
-    with pytest.raises(CheckpointError, match="training data"):
-        SuccessPredictor.from_bytes(encode_checkpoint(header, state))
+    for damage in ({"replay": [[7, 1.0, 1.0, 0.0, 0.0]]}, {"replay": [[-1, 1.0, 1.0, 0.0, 0.0]]}):
+        damaged = {**header, "training_data": {**header["training_data"], **damage}}
+        with pytest.raises(CheckpointError, match="training data"):  # a history that does not exist
+            SuccessPredictor.from_bytes(encode_checkpoint(damaged, state))
+    values = state["training_data.token_values"].clone()
+    values[0] = 1 << 40  # no bucket
+    with pytest.raises(CheckpointError, match="token ids outside"):
+        SuccessPredictor.from_bytes(
+            encode_checkpoint(header, {**state, "training_data.token_values": values})
+        )
 
 
 def test_untrained_checkpoint_restores_the_cold_start() -> None:

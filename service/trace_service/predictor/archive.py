@@ -27,12 +27,14 @@ TENSOR_PREFIX = "training_data."
 
 @dataclass(frozen=True)
 class TrainingData:
-    """Everything the predictor learns from, each buffer oldest first, and the counters that pace it."""
+    """Everything the predictor learns from, each buffer as it is laid out (``FifoBuffer.layout``:
+    training samples by position), and the counters that pace it."""
 
     replay: list[TrainingExample]
     holdout: list[TrainingExample]
     groups: list[RootGroup]
     holdout_groups: list[RootGroup]
+    next_slots: tuple[int, int, int, int]  # each buffer's next slot to overwrite, in that order
     trees_added: int
     sample_allowance: float
 
@@ -100,6 +102,7 @@ def pack_training_data(data: TrainingData) -> tuple[dict[str, Any], dict[str, to
         "holdout": examples(data.holdout),
         "groups": groups(data.groups),
         "holdout_groups": groups(data.holdout_groups),
+        "next_slots": list(data.next_slots),
         "trees_added": data.trees_added,
         "sample_allowance": data.sample_allowance,
     }
@@ -122,12 +125,14 @@ def unpack_training_data(
     raises :class:`CheckpointError` on anything malformed."""
     try:
         tokens = _slices(tensors, "token", np.int64)
+        if any(ids.size and (ids.min() < 0 or ids.max() >= num_buckets) for ids in tokens):
+            raise ValueError(f"token ids outside [0, {num_buckets})")
         features = _slices(tensors, "feature", np.float32)
 
-        def array(slices: list[npt.NDArray[Any]], index: int) -> npt.NDArray[Any] | None:
+        def array(slices: list[npt.NDArray[Any]], index: Any) -> npt.NDArray[Any] | None:
             if index == -1:
                 return None
-            if not 0 <= index < len(slices):
+            if not (isinstance(index, int) and 0 <= index < len(slices)):
                 raise ValueError(f"array index {index} out of range")
             return slices[index]
 
@@ -156,15 +161,20 @@ def unpack_training_data(
                 )
             )
 
+        def history(index: Any) -> EncodedHistory:
+            if not (isinstance(index, int) and 0 <= index < len(histories)):
+                raise ValueError(f"history index {index!r} out of range")
+            return histories[index]
+
         def examples(rows: list[list[Any]]) -> list[TrainingExample]:
             return [
-                TrainingExample(histories[h], float(target), float(weight), OutcomeCounts(float(s), float(n)))
+                TrainingExample(history(h), float(target), float(weight), OutcomeCounts(float(s), float(n)))
                 for h, target, weight, s, n in rows
             ]
 
         def groups(rows: list[list[Any]]) -> list[RootGroup]:
             return [
-                RootGroup(histories[h], int(successes), int(trials), OutcomeCounts(float(s), float(n)))
+                RootGroup(history(h), int(successes), int(trials), OutcomeCounts(float(s), float(n)))
                 for h, successes, trials, s, n in rows
             ]
 
@@ -173,6 +183,7 @@ def unpack_training_data(
             holdout=examples(header["holdout"]),
             groups=groups(header["groups"]),
             holdout_groups=groups(header["holdout_groups"]),
+            next_slots=_next_slots(header["next_slots"]),
             trees_added=int(header["trees_added"]),
             sample_allowance=float(header["sample_allowance"]),
         )
@@ -190,3 +201,10 @@ def _slices(tensors: dict[str, torch.Tensor], kind: str, dtype: type[np.generic]
         raise ValueError(f"{kind} offsets decrease")
     values.flags.writeable = False
     return [values[start:end] for start, end in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)]
+
+
+def _next_slots(value: Any) -> tuple[int, int, int, int]:
+    slots = tuple(int(slot) for slot in value)
+    if len(slots) != 4 or min(slots) < 0:
+        raise ValueError(f"next slots {value!r} are not four counts")
+    return slots

@@ -84,8 +84,24 @@ class FifoBuffer(Generic[Item]):
         return list(self._items)
 
     def oldest_first(self) -> list[Item]:
-        """The items in the order they came: extending an empty buffer with them restores this one."""
+        """The items in the order they came."""
         return self._items[self._next :] + self._items[: self._next]
+
+    @property
+    def layout(self) -> tuple[list[Item], int]:
+        """The items as stored and the slot the next one overwrites: :meth:`restore` takes them back."""
+        return list(self._items), self._next
+
+    def restore(self, items: Sequence[Item], next_slot: int) -> None:
+        """Hold ``items`` laid out as :attr:`layout` gave them; in a buffer of another capacity, the
+        newest that fit."""
+        if len(items) <= self._capacity and (
+            next_slot == 0 or (len(items) == self._capacity > next_slot > 0)
+        ):
+            self._items, self._next = list(items), next_slot
+            return
+        self._items, self._next = [], 0
+        self.extend([*items[next_slot:], *items[:next_slot]])
 
     def __len__(self) -> int:
         return len(self._items)

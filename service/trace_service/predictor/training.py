@@ -101,6 +101,8 @@ _GROUP_CAPACITY = 4_096
 _HELD_OUT_GROUPS = 64
 _MIN_GROUPS = 16
 _PROBABILITY_EPSILON = 1e-6
+#: The prefix of the trainer's own tensors in a checkpoint that holds them (``to_bytes``).
+_TRAINER = "trainer."
 
 
 def _logit(p: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
@@ -395,7 +397,8 @@ class SuccessPredictor:
 
     def to_bytes(self, *, with_training_data: bool = False) -> bytes:
         """The published weights as a self-checking checkpoint (see ``checkpoint``); with
-        ``with_training_data``, also everything the predictor learns from (``archive``), so that
+        ``with_training_data``, also everything the predictor learns from (``archive``) and what its
+        training goes on from (trained weights, optimiser moments, random streams), so that
         :meth:`from_bytes` gives back this predictor whole."""
         with self._train_lock:
             published = self._published
@@ -414,27 +417,67 @@ class SuccessPredictor:
                 if with_training_data:
                     header["training_data"], tensors = pack_training_data(self._training_data())
                     state.update(tensors)
+                    header["trainer"], tensors = self._trainer_state()
+                    state.update(tensors)
             return encode_checkpoint(header, state)
 
+    def _trainer_state(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """What training goes on from, beside the published weights: the trained (not averaged)
+        weights, the optimiser's moments and both random streams (under the training lock)."""
+        optimizer = self._optimizer.state_dict()
+        tensors = {
+            f"{_TRAINER}model.{name}": value for name, value in self._trainer_model.state_dict().items()
+        }
+        for index, moments in optimizer["state"].items():
+            tensors |= {f"{_TRAINER}optimizer.{index}.{name}": value for name, value in moments.items()}
+        tensors[f"{_TRAINER}dropout"] = self._dropout_generator.get_state()
+        header = {"param_groups": optimizer["param_groups"], "rng": self._rng.bit_generator.state}
+        return header, tensors
+
+    def _restore_trainer_state(self, header: Any, state: dict[str, torch.Tensor]) -> None:
+        try:
+            model = {
+                name.removeprefix(f"{_TRAINER}model."): value
+                for name, value in state.items()
+                if name.startswith(f"{_TRAINER}model.")
+            }
+            moments: dict[int, dict[str, torch.Tensor]] = {}
+            for name, value in state.items():
+                if name.startswith(f"{_TRAINER}optimizer."):
+                    index, moment = name.removeprefix(f"{_TRAINER}optimizer.").split(".", 1)
+                    moments.setdefault(int(index), {})[moment] = value
+            with self._train_lock:
+                self._trainer_model.load_state_dict(model)
+                self._optimizer = self._new_optimizer()
+                self._optimizer.load_state_dict({"state": moments, "param_groups": header["param_groups"]})
+                self._dropout_generator.set_state(state[f"{_TRAINER}dropout"])
+                self._rng.bit_generator.state = header["rng"]
+        except (KeyError, TypeError, ValueError, RuntimeError) as error:
+            raise CheckpointError(f"checkpoint has a malformed trainer state: {error!r}") from None
+
     def _training_data(self) -> TrainingData:
+        (replay, replay_next), (holdout, holdout_next) = self._replay.layout, self._holdout.layout
+        (groups, groups_next), (held_groups, held_groups_next) = (
+            self._groups.layout,
+            self._holdout_groups.layout,
+        )
         return TrainingData(
-            replay=self._replay.oldest_first(),
-            holdout=self._holdout.oldest_first(),
-            groups=self._groups.oldest_first(),
-            holdout_groups=self._holdout_groups.oldest_first(),
+            replay=replay,
+            holdout=holdout,
+            groups=groups,
+            holdout_groups=held_groups,
+            next_slots=(replay_next, holdout_next, groups_next, held_groups_next),
             trees_added=self._trees_added,
             sample_allowance=self._sample_allowance,
         )
 
     def _restore_training_data(self, data: TrainingData) -> None:
+        replay_next, holdout_next, groups_next, held_groups_next = data.next_slots
         with self._data_lock:
-            for buffer, items in (
-                (self._replay, data.replay),
-                (self._holdout, data.holdout),
-                (self._groups, data.groups),
-                (self._holdout_groups, data.holdout_groups),
-            ):
-                buffer.extend(items)  # type: ignore[arg-type]
+            self._replay.restore(data.replay, replay_next)
+            self._holdout.restore(data.holdout, holdout_next)
+            self._groups.restore(data.groups, groups_next)
+            self._holdout_groups.restore(data.holdout_groups, held_groups_next)
             self._trees_added = data.trees_added
             self._sample_allowance = data.sample_allowance
 
@@ -464,6 +507,8 @@ class SuccessPredictor:
                 raise CheckpointError(f"checkpoint has a malformed architecture: {error}") from None
         predictor = cls(config)
         predictor._install(header, state, only_if_newer=False)
+        if "trainer" in header:
+            predictor._restore_trainer_state(header["trainer"], state)
         if "training_data" in header:
             predictor._restore_training_data(
                 unpack_training_data(
@@ -511,7 +556,11 @@ class SuccessPredictor:
         model = self._new_model()
         try:
             model.load_state_dict(
-                {name: value for name, value in state.items() if not name.startswith(TENSOR_PREFIX)}
+                {
+                    name: value
+                    for name, value in state.items()
+                    if not name.startswith((TENSOR_PREFIX, _TRAINER))
+                }
             )
         except (RuntimeError, KeyError, TypeError) as error:
             raise CheckpointError(f"checkpoint weights do not fit the model: {error}") from None
