@@ -178,8 +178,8 @@ class PredictorRegistry:
             raise UnknownPredictorError(
                 f"predictor_from names job {source!r}, which has no trained predictor to start from"
             )
-        if await runtime.adopt(version, blob):
-            await self.store.publish_weights(runtime.job, version, blob)  # every replica starts alike
+        if await runtime.adopt(version, blob):  # every replica starts the job alike
+            await self.store.publish_weights(runtime.job, version, blob, new_job=True)
 
     def _runtime(self, job: str, predictor: SuccessPredictor, *, owned: bool) -> PredictorRuntime:
         return PredictorRuntime(
@@ -233,8 +233,7 @@ class PredictorRegistry:
         self._leases.discard(job)
         try:
             async with runtime.lock:
-                if await self.store.job_exists(job):
-                    await self.store.save_predictor(job, await runtime.whole())
+                await self.store.save_predictor(job, await runtime.whole())  # unless deleted meanwhile
             await self.store.release_trainer_lease(job, self.owner)
         except Exception:
             # The lease lapses on its own; the trees it trained on are what the next trainer lacks.

@@ -164,10 +164,20 @@ def test_a_tree_completed_before_a_store_failure_still_trains_the_predictor(
         assert complete_a_tree() == 2 * learned_from_one
 
 
+async def on_a_job(store: TreeStore, write: Callable[[], Awaitable[object]]) -> None:
+    """A write of a job's predictor, which only a job that exists gets."""
+    await store.index_allocation("job", 0, "a1", 1, [], 0, time.time())
+    await write()
+
+
 #: Store writes that create keys.
 WRITES: dict[str, Callable[[TreeStore], Awaitable[None]]] = {
-    "publish_weights": lambda store: store.publish_weights("job", 1, b"weights"),
-    "save_predictor": lambda store: store.save_predictor("job", b"whole"),
+    "publish_weights": lambda store: on_a_job(store, lambda: store.publish_weights("job", 1, b"weights")),
+    "publish_weights of a new job": lambda store: store.publish_weights("job", 1, b"weights", new_job=True),
+    "save_predictor": lambda store: on_a_job(store, lambda: store.save_predictor("job", b"whole")),
+    "hold_trainer_lease": lambda store: on_a_job(
+        store, lambda: store.hold_trainer_lease("job", "a", 30.0, 1.0)
+    ),
     "trainers": lambda store: store.trainers("owner", time.time(), 60.0),
     "index_allocation": lambda store: store.index_allocation("job", 0, "a1", 8, ["t1", "t2"], 4, time.time()),
     "queue_instructions": lambda store: store.queue_instructions("job", "t1", {"i1": time.time()}),

@@ -431,7 +431,15 @@ async def test_queued_instructions_are_leased_to_one_claimant_at_a_time(store: T
     assert await store.claim_instructions(JOB, max_items=10, lease=5.0, now=1_000.0) == []
 
 
+async def allocated(store: TreeStore, *jobs: str) -> None:
+    """The jobs exist: each has allocated once (no trees)."""
+    for job in jobs:
+        await store.index_allocation(job, 0, f"alloc-{job}", 1, [], 0, now=1.0)
+
+
 async def test_a_jobs_trainer_lease_has_one_holder(store: TreeStore) -> None:
+    assert not await store.hold_trainer_lease(JOB, "a", ttl=30.0, now=1.0)  # no such job yet
+    await allocated(store, JOB, "other")
     assert await store.hold_trainer_lease(JOB, "a", ttl=30.0, now=1.0)
     assert await store.hold_trainer_lease(JOB, "a", ttl=30.0, now=1.0)
     assert not await store.hold_trainer_lease(JOB, "b", ttl=30.0, now=1.0)
@@ -580,6 +588,7 @@ async def test_each_jobs_training_queue_keeps_its_newest_trees_and_weights_carry
     for tree_id in ("t1", "t2", "t3"):
         await store.push_completed(JOB, tree_id, cap=2)
     await store.push_completed("other", "u1")
+    await allocated(store, JOB)
     assert await store.training_wanted() == [JOB, "other"]
     assert await store.pop_completed(JOB, 1) == ["t2"]  # oldest first; t1 fell off the cap
     assert await store.training_wanted() == [JOB, "other"]
@@ -592,8 +601,16 @@ async def test_each_jobs_training_queue_keeps_its_newest_trees_and_weights_carry
     assert await store.load_weights(JOB) == (3, b"\x00weights")
     assert await store.load_weights("other") is None
     assert await store.load_predictor(JOB) is None
-    await store.save_predictor(JOB, b"\x00whole")
+    assert await store.save_predictor(JOB, b"\x00whole")
     assert await store.load_predictor(JOB) == b"\x00whole"
+    # A job deleted meanwhile is never written back: no weights, no predictor, no lease.
+    await store.delete_job(JOB)
+    await store.publish_weights(JOB, 4, b"late")
+    assert not await store.save_predictor(JOB, b"late")
+    assert not await store.hold_trainer_lease(JOB, "a", ttl=30.0, now=2.0)
+    assert [key async for key in store.redis.scan_iter(match=store.keys.job_pattern(JOB))] == []
+    await store.publish_weights("new", 1, b"copied", new_job=True)  # a warm start, before its first index
+    assert await store.load_weights("new") == (1, b"copied")
 
 
 async def test_deleting_a_job_removes_its_trees_and_keys_and_nothing_else(store: TreeStore) -> None:

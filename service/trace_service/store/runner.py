@@ -37,6 +37,8 @@ SCRIPTS = (
     "create_reserve",
     "draw_continuations",
     "release_lease",
+    "hold_lease",
+    "job_write",
 )
 #: Script calls in flight at once when a Cluster cannot pipeline them.
 _CLUSTER_FANOUT = 64

@@ -451,9 +451,21 @@ class TreeStore:
                 )
         return popped
 
-    async def publish_weights(self, job: str, version: int, blob: bytes) -> None:
+    async def publish_weights(self, job: str, version: int, blob: bytes, *, new_job: bool = False) -> None:
+        """Publish the job's weights, unless the job was deleted meanwhile; ``new_job``: its first
+        allocation is under way (a warm start), so it is not indexed yet."""
         fields = ["version", version, "blob", blob]
-        await self.scripts.run_all(ScriptRunner.writes(self.keys.weights(job), self.job_ttl, "HSET", fields))
+        if new_job:
+            await self.scripts.run_all(
+                ScriptRunner.writes(self.keys.weights(job), self.job_ttl, "HSET", fields)
+            )
+        else:
+            await self._job_write(job, self.keys.weights(job), "HSET", fields)
+
+    async def _job_write(self, job: str, key: str, command: str, args: Sequence[Any]) -> bool:
+        """``command`` on one of the job's keys while the job exists (``job_write.lua``)."""
+        call = ScriptCall("job_write", [self.keys.steps(job), key], [self.job_ttl, command, *args])
+        return bool(await self.scripts.run(call))
 
     async def weights_version(self, job: str) -> int:
         value = await self.redis.hget(self.keys.weights(job), "version")
@@ -465,23 +477,20 @@ class TreeStore:
             (int(version), blob if isinstance(blob, bytes) else blob.encode()) if version and blob else None
         )
 
-    async def save_predictor(self, job: str, blob: bytes) -> None:
-        """Set down the job's whole predictor (its weights and training data) for whoever loads it next."""
-        await self.redis.set(self.keys.predictor_state(job), blob, ex=self.job_ttl)
+    async def save_predictor(self, job: str, blob: bytes) -> bool:
+        """Set down the job's whole predictor (its weights and training data) for whoever loads it next;
+        false when the job was deleted meanwhile (nothing is written)."""
+        return await self._job_write(job, self.keys.predictor_state(job), "SET", [blob])
 
     async def load_predictor(self, job: str) -> bytes | None:
         blob = await self.redis.get(self.keys.predictor_state(job))
         return None if blob is None else blob if isinstance(blob, bytes) else blob.encode()
 
     async def hold_trainer_lease(self, job: str, owner: str, ttl: float, now: float) -> bool:
-        """Take or renew the lease on training the job's predictor; true while this owner holds it."""
-        key = self.keys.trainer_lease(job)
-        held = bool(await self.redis.set(key, owner, nx=True, px=int(ttl * 1000)))
-        if not held:
-            holder = await self.redis.get(key)
-            held = holder is not None and text(holder) == owner
-            if held:
-                await self.redis.pexpire(key, int(ttl * 1000))
+        """Take or renew the lease on training the job's predictor; true while this owner holds it.  A
+        job that does not exist (deleted, or expired) has no lease to take."""
+        lease = [self.keys.steps(job), self.keys.trainer_lease(job)]
+        held = bool(await self.scripts.run(ScriptCall("hold_lease", lease, [owner, int(ttl * 1000)])))
         if held:
             trained = ScriptRunner.writes(
                 self.keys.trained_jobs, math.ceil(2 * ttl), "ZADD", [now + ttl, job], 2
