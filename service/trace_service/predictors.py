@@ -129,8 +129,8 @@ class PredictorRegistry:
             self._loading[job] = task
             task.add_done_callback(lambda _: self._loading.pop(job, None))
         runtime = await asyncio.shield(task)
-        if not runtime.owned and warm_from is not None and warm_from != job:
-            await self._warm_start(runtime, warm_from)
+        starts_from = warm_from if warm_from != job and not runtime.owned else None
+        if starts_from is not None and await self._warm_start(runtime, starts_from):
             self._keep(job, runtime)
         return runtime
 
@@ -163,8 +163,9 @@ class PredictorRegistry:
                 self._cold.popitem(last=False)
         return runtime
 
-    async def _warm_start(self, runtime: PredictorRuntime, source: str) -> None:
-        """A copy of ``source``'s weights (published, or in memory here) becomes the job's first."""
+    async def _warm_start(self, runtime: PredictorRuntime, source: str) -> bool:
+        """A copy of ``source``'s weights (published, or in memory here) becomes the job's first;
+        whether the copy was adopted."""
         cold = self._cold.get(source)
         # A job trained here for the first time is still among the cold ones until its round ends.
         resident = self._resident.get(source) or (cold.runtime if cold is not None else None)
@@ -178,8 +179,10 @@ class PredictorRegistry:
             raise UnknownPredictorError(
                 f"predictor_from names job {source!r}, which has no trained predictor to start from"
             )
-        if await runtime.adopt(version, blob):  # every replica starts the job alike
-            await self.store.publish_weights(runtime.job, version, blob, new_job=True)
+        if not await runtime.adopt(version, blob):
+            return False
+        await self.store.publish_weights(runtime.job, version, blob, new_job=True)  # every replica alike
+        return True
 
     def _runtime(self, job: str, predictor: SuccessPredictor, *, owned: bool) -> PredictorRuntime:
         return PredictorRuntime(
@@ -240,12 +243,10 @@ class PredictorRegistry:
             logger.exception("job %r: its predictor could not be set down", job)
 
     async def forget(self, job: str) -> None:
-        """Drop a deleted job here at once, writing nothing back (a training round under way publishes
-        nothing once it ends)."""
-        cold = self._cold.pop(job, None)
-        for runtime in (self._resident.pop(job, None), cold.runtime if cold is not None else None):
-            if runtime is not None:
-                runtime.deleted = True
+        """Drop a deleted job here at once (the store writes nothing of a deleted job back, whatever a
+        round under way does)."""
+        self._cold.pop(job, None)
+        self._resident.pop(job, None)
         self._leases.discard(job)
         self.metrics.predictor_resident.set(len(self._resident))
         self.metrics.forget_job(job)
@@ -297,9 +298,8 @@ class PredictorRegistry:
                 # then, the job is its own: no job waits for long, whatever the shares.
                 self._deferred.add(job)
                 continue
-            newly = job not in self._leases
-            if not await self.store.hold_trainer_lease(job, self.owner, LEASE_SECONDS, now):
-                self._leases.discard(job)
+            newly = job not in self._leases  # a lease already held was renewed as the round began
+            if newly and not await self.store.hold_trainer_lease(job, self.owner, LEASE_SECONDS, now):
                 continue
             self._leases.add(job)
             try:

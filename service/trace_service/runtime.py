@@ -72,7 +72,6 @@ class PredictorRuntime:
         self.success_threshold = success_threshold
         self.train_steps = train_steps
         self._new_predictor = new_predictor
-        self.deleted = False  # its job was deleted: nothing more is published
         self.lock = asyncio.Lock()  # training, loading and setting down take turns
         self._waiting: list[_Waiting] = []
         self._batcher: asyncio.Task[None] | None = None
@@ -158,11 +157,6 @@ class PredictorRuntime:
     def _learn_from(self, tree: StoredTree) -> int:
         """Add one finished tree's examples, group and continuation flips to the predictor's buffers;
         the number of examples added."""
-        if tree.meta.job != self.job:  # never another job's outcomes
-            logger.warning(
-                "tree %s of job %r queued for job %r; skipped", tree.meta.tree_id, tree.meta.job, self.job
-            )
-            return 0
         examples, group = self.training_data(tree)
         flips = tree.continuation_flips(self.success_threshold)
         if examples:
@@ -201,10 +195,9 @@ class PredictorRuntime:
                 return
             with self.metrics.predictor_train_duration.time():
                 result = await asyncio.to_thread(self.predictor.train_round, self.train_steps)
-            if result.steps and not self.deleted:
+            if result.steps:
                 blob = await asyncio.to_thread(self.predictor.to_bytes)
-                if not self.deleted:
-                    await self.store.publish_weights(self.job, result.version, blob)
+                if await self.store.publish_weights(self.job, result.version, blob):  # not if deleted
                     await self._observe()
 
     async def load_newer(self) -> None:

@@ -451,16 +451,16 @@ class TreeStore:
                 )
         return popped
 
-    async def publish_weights(self, job: str, version: int, blob: bytes, *, new_job: bool = False) -> None:
-        """Publish the job's weights, unless the job was deleted meanwhile; ``new_job``: its first
-        allocation is under way (a warm start), so it is not indexed yet."""
+    async def publish_weights(self, job: str, version: int, blob: bytes, *, new_job: bool = False) -> bool:
+        """Publish the job's weights; false, writing nothing, when the job was deleted meanwhile.
+        ``new_job``: its first allocation is under way (a warm start), so it is not indexed yet."""
         fields = ["version", version, "blob", blob]
         if new_job:
             await self.scripts.run_all(
                 ScriptRunner.writes(self.keys.weights(job), self.job_ttl, "HSET", fields)
             )
-        else:
-            await self._job_write(job, self.keys.weights(job), "HSET", fields)
+            return True
+        return await self._job_write(job, self.keys.weights(job), "HSET", fields)
 
     async def _job_write(self, job: str, key: str, command: str, args: Sequence[Any]) -> bool:
         """``command`` on one of the job's keys while the job exists (``job_write.lua``)."""
