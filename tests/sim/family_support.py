@@ -7,8 +7,10 @@ import numpy as np
 
 from trace_lab.sim import RolloutState, TabularWorkload, Workload, make_workload
 
-POLICY_FAMILIES = ("math", "multihop", "toolcall")
+POLICY_FAMILIES = ("math", "multihop", "toolcall", "maze")
 ALL_FAMILIES = ("react", *POLICY_FAMILIES)
+# The maze family with other dynamics (success rates that drift fast): its shape is the maze's.
+VARIANTS = ("maze_drift",)
 # Seeded runs are deterministic; five standard errors keep a correct simulator far from the threshold
 # while a wrong p (off by a few points at these sample sizes) fails.
 Z_SCORE = 5.0

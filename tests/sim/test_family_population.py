@@ -5,7 +5,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from family_support import ALL_FAMILIES, POLICY_FAMILIES, policy_workload, root_success
+from family_support import ALL_FAMILIES, POLICY_FAMILIES, VARIANTS, policy_workload, root_success
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,8 +24,8 @@ from trace_lab.sim.__main__ import main
 
 
 def test_the_registry_names_every_family() -> None:
-    assert set(FAMILIES) == set(ALL_FAMILIES)
-    for family in ALL_FAMILIES:
+    assert set(FAMILIES) == {*ALL_FAMILIES, *VARIANTS}
+    for family in (*ALL_FAMILIES, *VARIANTS):
         workload = make_workload(family, seed=1, prompts=32)
         assert isinstance(workload, Workload)
         assert workload.name == family
@@ -157,7 +157,7 @@ def test_families_have_different_difficulty_mixes() -> None:
 def test_the_summary_is_printed_per_family(capsys: pytest.CaptureFixture[str]) -> None:
     main(["1"])
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in lines[1:]] == list(ALL_FAMILIES)
+    assert [line.split()[0] for line in lines[1:]] == [*ALL_FAMILIES, *VARIANTS]
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import pytest
 from family_support import ALL_FAMILIES, POLICY_FAMILIES, policy_workload, root_success
 
 from trace_lab.sim import FAMILIES, RolloutState, SimWorkload, TabularWorkload, make_workload
-from trace_lab.sim.lexicon import MATH_SPELLING, MULTIHOP_SPELLING, TOOLCALL_SPELLING
+from trace_lab.sim.lexicon import MATH_SPELLING, MAZE_SPELLING, MULTIHOP_SPELLING, TOOLCALL_SPELLING
 
 
 def tokens(text: str) -> set[str]:
@@ -38,7 +38,12 @@ def test_no_word_is_shared_between_families() -> None:
 
 def test_spelling_rules_keep_generated_words_apart() -> None:
     """Every word holds its family's marker letters and no other family's; ReAct words hold none."""
-    spellings = {"math": MATH_SPELLING, "multihop": MULTIHOP_SPELLING, "toolcall": TOOLCALL_SPELLING}
+    spellings = {
+        "math": MATH_SPELLING,
+        "multihop": MULTIHOP_SPELLING,
+        "toolcall": TOOLCALL_SPELLING,
+        "maze": MAZE_SPELLING,
+    }
     markers = set().union(*(spelling.markers for spelling in spellings.values()))
     for family, spelling in spellings.items():
         workload = policy_workload(family, 0, 8)
@@ -187,6 +192,10 @@ def test_prompts_show_the_visible_type(family: str) -> None:
         visible, true, noise = workload.visible_kind, workload.kind, workload.config.kind_noise
         relation = workload.lexicon.start["relation"]
         shown = [(workload.lexicon.words.index(p.text.split()[1]) - relation) // 4 for p in workload.prompts]
+    elif family == "maze":
+        visible, true, noise = workload.visible_layout, workload.layout, workload.config.layout_noise
+        layout = workload.lexicon.start["layout"]
+        shown = [(workload.lexicon.words.index(p.text.split()[1]) - layout) // 3 for p in workload.prompts]
     else:
         visible, true, noise = workload.visible_api, workload.api, workload.config.api_noise
         apis = [tools[0].split("_")[0] for tools in workload.tool_names]

@@ -17,7 +17,7 @@ Families
 "react" (`SimWorkload`, `SimConfig`): a martingale on p rendered as ReAct turns (below); 2–12 turns,
 a U-shaped Beta mixture of success rates.
 
-The other three are `PolicyWorkload`s: each task is a small tabular MDP (`TabularWorkload`) and the agent
+The others are `PolicyWorkload`s: each task is a small tabular MDP (`TabularWorkload`) and the agent
 picks one of `actions` actions per turn with π_θ(a | c) = softmax(θ[c]), where the context c is what it
 can observe (its task's visible type, read from the prompt with noise, times its progress). Contexts are
 shared across tasks, so θ learned on some tasks transfers to others of the family; which action is right
@@ -38,6 +38,12 @@ action (`Turn.action`) and every state its hidden MDP state (`RolloutState.laten
   up to 7 turns. A failed call is either a recoverable error (the right fix is another variant) or fatal,
   an absorbing failure that ends the rollout with reward 0; a mix skewed to failure; weak prompt signal,
   responses that show the status exactly but mislabel `retryable` sometimes.
+- "maze" (`MazeWorkload`, `MazeConfig`) — slippery mazes: 2–6 junctions to pass, one exit a turn, up to 8
+  turns; a move gets through, stays, slides back a junction or drops into a pit. The no-signal control:
+  prompts say nothing about how slippery a maze is and a benchmark's pools never repeat one (4,096
+  tasks), so only the turns carry signal. "maze_drift" (`MazeDriftWorkload`) is the drift control:
+  512 recurring mazes of 3–7 junctions whose right exit matters a lot, so success rates move fast as a
+  policy learns and a prompt's outcome history goes stale within a few steps.
 
 Each family spells its own generated words (`trace_lab.sim.lexicon`: marker letters make the
 families' words disjoint by construction) in its own surface form, and none reuses the ReAct template.
@@ -60,6 +66,8 @@ turns of a rollout:
     math      0.42 / 0.34   0.81   3.8
     multihop  0.33 / 0.06   0.55   6.5
     toolcall  0.34 / 0.13   0.63   3.1
+    maze      0.28 / 0.27   0.70   4.3
+    maze_drift  0.33 / 0.15   0.65   4.9
 
 The "react" family
 ------------------
@@ -112,11 +120,13 @@ from trace_lab.sim.family_config import (
     TOOLCALL_DIFFICULTY,
     LogitComponent,
     MathConfig,
+    MazeConfig,
     MultihopConfig,
     ToolcallConfig,
 )
 from trace_lab.sim.lexicon import Lexicon, Spelling
 from trace_lab.sim.math_reasoning import MathWorkload
+from trace_lab.sim.maze import MazeDriftWorkload, MazeWorkload
 from trace_lab.sim.multihop import MultihopWorkload
 from trace_lab.sim.registry import FAMILIES, RootSummary, WorkloadFactory, make_workload, root_summary
 from trace_lab.sim.state import Prompt, RolloutState, Turn
@@ -136,6 +146,9 @@ __all__ = [
     "LogitComponent",
     "MathConfig",
     "MathWorkload",
+    "MazeConfig",
+    "MazeDriftWorkload",
+    "MazeWorkload",
     "MultihopConfig",
     "MultihopWorkload",
     "PolicyWorkload",

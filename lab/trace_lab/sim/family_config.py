@@ -279,3 +279,63 @@ class ToolcallConfig:
         _check_probability("fatal_wrong", self.fatal_wrong)
         _check_flip("retryable_flip", self.retryable_flip)
         _check_range("message_words", self.message_words, 0)
+
+
+# Slipperiness: many mazes are a walk or a wall for the starting policy, some in between.
+MAZE_DIFFICULTY = (
+    LogitComponent(weight=0.4, mean=-2.0, sd=1.5),
+    LogitComponent(weight=0.35, mean=2.0, sd=1.2),
+    LogitComponent(weight=0.25, mean=4.5, sd=1.0),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class MazeConfig:
+    """Slippery mazes: j junctions to pass (j uniform in `min_junctions` … `max_junctions`) within
+    `max_turns` turns, one exit taken per turn.
+
+    At junction k (k passed so far) of a maze of layout u the right exit is (u + 3k) mod actions; with
+    g(a) = [a is right] − 1/actions, an exit gets through with probability q = σ(z + b + exit_bonus ·
+    g(a)). A move that does not get through drops into a pit (absorbing failure) with probability
+    `pit_right` or `pit_wrong`, else slides back one junction with probability `slide_back`, else
+    stays. Passing the j-th junction ends the rollout with reward 1; running out of turns with 0.
+
+    Prompts never say how slippery a maze is unless `prompt_signal_rate` > 0 (the `maze` family: none,
+    and a population large enough that a benchmark's prompts never recur); observations say what a move
+    did, wrong with probability `observation_flip`.
+    """
+
+    prompts: int = 4096
+    layouts: int = 4
+    actions: int = 4
+    min_junctions: int = 2
+    max_junctions: int = 6
+    max_turns: int = 8
+    difficulty: tuple[LogitComponent, ...] = MAZE_DIFFICULTY
+    layout_noise: float = 0.1
+    exit_bonus: float = 2.5
+    pit_right: float = 0.03
+    pit_wrong: float = 0.25
+    slide_back: float = 0.5
+    learning_rate: float = 0.3
+    feature_dim: int = 0
+    feature_signal: float = 0.5
+    vocabulary_seed: int = 0
+    prompt_words: tuple[int, int] = (6, 20)
+    prompt_signal_rate: float = 0.0
+    level_noise: float = 1.5
+    text_bias: float = 1.0
+    observation_words: tuple[int, int] = (2, 6)
+    observation_flip: float = 0.1
+
+    def __post_init__(self) -> None:
+        _check_family(self)
+        _require(self.layouts >= 1 and self.actions >= 2, "need at least one layout and two exits")
+        _check_counts("junctions", "junctions", self.min_junctions, self.max_junctions)
+        _require(self.max_turns >= self.max_junctions, "max_turns must leave room for max_junctions moves")
+        _check_probability("layout_noise", self.layout_noise)
+        _check_probability("pit_right", self.pit_right)
+        _check_probability("pit_wrong", self.pit_wrong)
+        _check_probability("slide_back", self.slide_back)
+        _check_flip("observation_flip", self.observation_flip)
+        _check_range("observation_words", self.observation_words, 0)

@@ -46,7 +46,8 @@ class Spelling:
             raise ValueError(f"spelling uses another family's marker letters {sorted(used & self.foreign)}")
 
 
-# Marker letters: mathematical reasoning x (and y), multi-hop QA h (and c), function calling w (and j, q).
+# Marker letters: mathematical reasoning x (and y), multi-hop QA h (and c), function calling w (and j, q);
+# the mazes mark their words with a digit, which no other family's words hold.
 MATH_SPELLING = Spelling(
     onsets=("t", "d", "n", "s", "l", "p", "k", "m", "r", "v", "z", "g"),
     nuclei=("a", "e", "i", "o", "u", "y"),
@@ -70,6 +71,14 @@ TOOLCALL_SPELLING = Spelling(
     syllables=(2, 3),
     markers=frozenset("wjq"),
     foreign=frozenset("xyhc"),
+)
+MAZE_SPELLING = Spelling(
+    onsets=("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z"),
+    nuclei=("a", "e", "i", "o", "u"),
+    codas=("2", "3", "a5", "o7", "u8"),
+    syllables=(2, 3),
+    markers=frozenset("23578"),
+    foreign=frozenset("xyhcwjq"),
 )
 
 

@@ -12,8 +12,9 @@ import numpy as np
 
 from trace_lab.sim.base import Workload
 from trace_lab.sim.config import SimConfig
-from trace_lab.sim.family_config import MathConfig, MultihopConfig, ToolcallConfig
+from trace_lab.sim.family_config import MathConfig, MazeConfig, MultihopConfig, ToolcallConfig
 from trace_lab.sim.math_reasoning import MathWorkload
+from trace_lab.sim.maze import MAZE_DRIFT, MazeDriftWorkload, MazeWorkload
 from trace_lab.sim.multihop import MultihopWorkload
 from trace_lab.sim.toolcall import ToolcallWorkload
 from trace_lab.sim.workload import SimWorkload
@@ -39,6 +40,9 @@ FAMILIES: dict[str, WorkloadFactory] = {
     "math": _factory(MathWorkload, MathConfig()),
     "multihop": _factory(MultihopWorkload, MultihopConfig()),
     "toolcall": _factory(ToolcallWorkload, ToolcallConfig()),
+    # The controls: no difficulty in the prompt text and no prompt recurring; success rates that drift.
+    "maze": _factory(MazeWorkload, MazeConfig()),
+    "maze_drift": _factory(MazeDriftWorkload, MAZE_DRIFT),
 }
 
 
