@@ -70,7 +70,7 @@ class MazeWorkload(TabularWorkload):
                 "layout": 3 * config.layouts,
                 "exit": config.actions,
                 "difficulty": 5 * _DIFFICULTY_LEVELS,
-                **{name: 8 for name in _OBSERVED},
+                **dict.fromkeys(_OBSERVED, 8),
             },
             seed=(config.vocabulary_seed, _FAMILY_TAG),
         )
