@@ -50,7 +50,13 @@ async def test_the_harness_places_continuations_where_the_service_does(policy: P
     async with running_engine() as engine:
         prompts = [PromptIn(prompt_id=f"p{i}", text=f"question {i}") for i in range(PROMPTS)]
         request = AllocateRequest(
-            step=0, budget=3 * PROMPTS, min_rollouts=2, expansion=1.0, policy=policy, prompts=prompts
+            step=0,
+            budget=3 * PROMPTS,
+            min_rollouts=2,
+            expansion=1.0,
+            policy=policy,
+            control_share=0.0,
+            prompts=prompts,
         )
         allocation = await engine.allocation.allocate(request, None)
         trees = allocation.trees

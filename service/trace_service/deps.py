@@ -11,6 +11,7 @@ from fastapi import Depends, Request
 
 from trace_service.engine import (
     Allocation,
+    ControlEvidence,
     Engine,
     Instructions,
     Intake,
@@ -61,6 +62,10 @@ async def get_predictors(request: Request) -> PredictorRegistry:
     return _engine(request).predictors
 
 
+async def get_evidence(request: Request) -> ControlEvidence:
+    return _engine(request).evidence
+
+
 async def get_readiness(request: Request) -> Readiness:
     return _engine(request).readiness
 
@@ -78,5 +83,6 @@ StatsDep = Annotated[JobStatistics, Depends(get_stats)]
 JobsDep = Annotated[Jobs, Depends(get_jobs)]
 PredictionsDep = Annotated[Predictions, Depends(get_predictions)]
 PredictorsDep = Annotated[PredictorRegistry, Depends(get_predictors)]
+EvidenceDep = Annotated[ControlEvidence, Depends(get_evidence)]
 ReadinessDep = Annotated[Readiness, Depends(get_readiness)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]

@@ -60,6 +60,11 @@ TRAINING_BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0
 
 #: The prior sources the predictor compares (``trace_service.predictor.Calibration.prior``).
 PRIOR_SOURCES: Final = ("network", "history")
+#: A job's arms: its policy's trees and its control trees (``trace_service.allocation.gain``).
+ARMS: Final = ("policy", "control")
+#: The gain's units and the bounds of its interval (``trace_gain_ratio``).
+GAIN_UNITS: Final = ("bare_rollout", "turn")
+GAIN_BOUNDS: Final = ("estimate", "low", "high")
 
 METRIC_NAMES: Final[frozenset[str]] = frozenset(
     {
@@ -77,6 +82,13 @@ METRIC_NAMES: Final[frozenset[str]] = frozenset(
         "trace_budget_fallback_rollouts_total",
         "trace_budget_unspent_rollouts_total",
         "trace_trees_completed_total",
+        "trace_arm_trees_total",
+        "trace_arm_mixed_total",
+        "trace_arm_bare_rollouts_total",
+        "trace_arm_turns_total",
+        "trace_gain_ratio",
+        "trace_trust_slope",
+        "trace_control_brier_skill",
         "trace_effective_ratio",
         "trace_predictor_version",
         "trace_predictor_examples_total",
@@ -104,7 +116,7 @@ def http_method_label(method: str) -> str:
     return method if method in HTTP_METHODS else OTHER_HTTP_METHOD
 
 
-def _gauge_value(figure: float | None) -> float:
+def gauge_value(figure: float | None) -> float:
     """An undefined figure is exported as NaN: 0 would read as a perfect Brier score or calibration."""
     return math.nan if figure is None else figure
 
@@ -222,6 +234,7 @@ class Metrics:
             [JOB_LABEL, "mixed"],
             registry=registry,
         )
+        self._declare_control(registry)
         self.effective_ratio = Gauge(
             "trace_effective_ratio",
             "Share of the active prompts of the latest completed step whose tree is mixed, by job "
@@ -324,6 +337,10 @@ class Metrics:
             (self.budget_fallback, ((),)),
             (self.budget_unspent, ((),)),
             (self.trees_completed, (("true",), ("false",))),
+            *((family, tuple((arm,) for arm in ARMS)) for family in self.arm_families),
+            (self.gain_ratio, tuple((u, b) for u in GAIN_UNITS for b in GAIN_BOUNDS)),
+            (self.trust_slope, ((),)),
+            (self.control_brier_skill, ((),)),
             (self.effective_ratio, ((),)),
             (self.predictor_version, ((),)),
             (self.predictor_examples, ((),)),
@@ -338,6 +355,46 @@ class Metrics:
         # Series with a fixed label set exist from the start, so that rate() sees their first increase.
         for outcome in EXPAND_OUTCOMES:
             self.expand_events.labels(outcome=outcome)
+
+    def _declare_control(self, registry: CollectorRegistry) -> None:
+        """The figures of a job's control trees: what its policy's trees and its control trees yield
+        (their ratio is the job's gain over uniform), the service's estimate of that gain, the trust
+        Stage 1 puts in the predictor and the predictor's skill on control prompts."""
+
+        def arm_counter(name: str, what: str) -> Counter:
+            return Counter(
+                name,
+                f"{what} of complete trees, by job and arm (policy or control).",
+                [JOB_LABEL, "arm"],
+                registry=registry,
+            )
+
+        self.arm_trees = arm_counter("trace_arm_trees_total", "Count")
+        self.arm_mixed = arm_counter("trace_arm_mixed_total", "Mixed ones")
+        self.arm_bare_rollouts = arm_counter("trace_arm_bare_rollouts_total", "Scored bare rollouts")
+        self.arm_turns = arm_counter("trace_arm_turns_total", "Turns generated")
+        self.arm_families = (self.arm_trees, self.arm_mixed, self.arm_bare_rollouts, self.arm_turns)
+        self.gain_ratio = Gauge(
+            "trace_gain_ratio",
+            "The job's mixed groups per unit (bare_rollout or turn) over its control trees', as its stats "
+            "last estimated them, with the bounds of the 90% interval (store-wide: aggregate with max).",
+            [JOB_LABEL, "unit", "bound"],
+            registry=registry,
+        )
+        self.trust_slope = Gauge(
+            "trace_trust_slope",
+            "The slope of the trust map Stage 1 read the predictor through at the job's last allocation "
+            "(0: uniform's allocation; 1: the predictor as it is).",
+            [JOB_LABEL],
+            registry=registry,
+        )
+        self.control_brier_skill = Gauge(
+            "trace_control_brier_skill",
+            "1 − the predictor's Brier score on the job's control prompts over one constant's (NaN while "
+            "undefined).",
+            [JOB_LABEL],
+            registry=registry,
+        )
 
     def job_label(self, job: str) -> str:
         """The ``training_job`` value for ``job``: itself while tracked (at most ``max_jobs`` at a time),
@@ -381,11 +438,11 @@ class Metrics:
         """Publish a job's served predictor's version and held-out quality (``job`` is its label,
         :meth:`job_label`); ``None`` means undefined, and a prior source not measured is NaN."""
         self.predictor_version.labels(job).set(version)
-        self.predictor_brier_score.labels(job).set(_gauge_value(brier))
-        self.predictor_calibration_error.labels(job).set(_gauge_value(ece))
-        self.predictor_spearman.labels(job).set(_gauge_value(spearman))
+        self.predictor_brier_score.labels(job).set(gauge_value(brier))
+        self.predictor_calibration_error.labels(job).set(gauge_value(ece))
+        self.predictor_spearman.labels(job).set(gauge_value(spearman))
         measured = prior_log_likelihood or {}
         for source in PRIOR_SOURCES:
             self.predictor_prior_log_likelihood.labels(job, source).set(measured.get(source, math.nan))
-        self.predictor_prior_concentration.labels(job).set(_gauge_value(concentration))
-        self.predictor_continuation_freshness.labels(job).set(_gauge_value(freshness))
+        self.predictor_prior_concentration.labels(job).set(gauge_value(concentration))
+        self.predictor_continuation_freshness.labels(job).set(gauge_value(freshness))

@@ -56,7 +56,15 @@ class Settings(BaseSettings):
     )
     decision_lease_seconds: float = Field(default=30.0, gt=0, description="Claim on a Stage 2 decision.")
     success_threshold: float = Field(default=0.5, description="A reward at or above it is a success.")
-    stats_steps: int = Field(default=100, ge=1, description="Most recent steps reported by job stats.")
+    stats_steps: int = Field(
+        default=100, ge=1, description="Most recent steps reported by job stats (and its gain estimate)."
+    )
+    control_window: int = Field(
+        default=1024,
+        ge=1,
+        description="A job's most recent control groups that its trust map and its calibration on "
+        "control prompts are fitted to (older ones are forgotten: the policy moves on).",
+    )
 
     # Predictor
     predictor_device: str = Field(default="auto", description="auto, cpu or cuda[:n].")

@@ -260,6 +260,7 @@ def test_dashboard_panels_sit_under_their_row(dashboard: dict[str, Any]) -> None
         "Instructions",
         "Budget",
         "Outcomes",
+        "TRACE vs control",
         "Predictor",
         "Store",
     ]
@@ -328,6 +329,14 @@ def populate(metrics: Metrics) -> None:
     for mixed in ("true", "false"):
         metrics.trees_completed.labels("run-a", mixed).inc()
     metrics.effective_ratio.labels("run-a").set(0.5)
+    for arm in ("policy", "control"):
+        for family in metrics.arm_families:
+            family.labels("run-a", arm).inc(3)
+    for unit in ("bare_rollout", "turn"):
+        for bound, value in (("estimate", 1.2), ("low", 0.9), ("high", 1.6)):
+            metrics.gain_ratio.labels("run-a", unit, bound).set(value)
+    metrics.trust_slope.labels("run-a").set(0.8)
+    metrics.control_brier_skill.labels("run-a").set(0.1)
     metrics.observe_predictor("run-a", version=2, brier=0.2, ece=0.05, spearman=0.4)
     metrics.predictor_examples.labels("run-a").inc(100)
     metrics.predictor_resident.set(1)

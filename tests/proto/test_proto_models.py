@@ -115,6 +115,9 @@ def test_allocate_request_accepts_a_full_request() -> None:
         ({"min_rollouts": 9, "max_rollouts": 8}, "min_rollouts (9) exceeds max_rollouts (8)"),
         ({"max_prompts": 0}, "max_prompts: Input should be greater than or equal to 1"),
         ({"rounds": 0}, "rounds: Input should be greater than or equal to 1"),
+        ({"control_share": -0.1}, "control_share: Input should be greater than or equal to 0"),
+        ({"control_share": 1.5}, "control_share: Input should be less than or equal to 1"),
+        ({"control_share": math.nan}, "control_share: Input should be a finite number"),
         ({"rounds": limits.MAX_ROUNDS + 1}, "rounds: Input should be less than or equal to"),
         ({"return_unspent": "yes"}, "return_unspent: Input should be a valid boolean"),
         ({"policy": "greedy"}, "policy: Input should be 'trace', 'uniform'"),
@@ -354,7 +357,8 @@ def test_responses_accept_numpy_scalars() -> None:
         predicted_success=np.float64(0.25),
     )
     assert tree.model_dump_json() == (
-        '{"prompt_id":"p","tree_id":"t","rollouts":3,"expansion_budget":6,"predicted_success":0.25}'
+        '{"prompt_id":"p","tree_id":"t","rollouts":3,"expansion_budget":6,"predicted_success":0.25,'
+        '"control":false}'
     )
 
 

@@ -24,9 +24,9 @@ def run_continuations(client: TraceClient, instructions: list[Instruction], rewa
 
 
 def two_prompts(policy: Policy = Policy.TRACE) -> AllocateRequest:
-    """Eight bare rollouts, one continuation each, over two prompts."""
+    """Eight bare rollouts, one continuation each, over two prompts, all of them the policy's."""
     prompts = [PromptIn(prompt_id="p1", text="prove it"), PromptIn(prompt_id="p2")]
-    return AllocateRequest(step=0, budget=8, expansion=1.0, policy=policy, prompts=prompts)
+    return AllocateRequest(step=0, budget=8, expansion=1.0, policy=policy, control_share=0.0, prompts=prompts)
 
 
 def test_allocate_expand_complete_export(service: ThreadedService) -> None:

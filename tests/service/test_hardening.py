@@ -293,8 +293,8 @@ async def test_job_stats_keep_a_step_after_its_trees_expire(store_url: str) -> N
         for tree in allocation.trees:  # what their expiry does
             await engine.store.redis.delete(*engine.store.keys.tree(tree.tree_id).all)
         after = await engine.stats.job_stats("default")
-        step = before.steps[0].model_copy(update={"rollouts_spent": before.steps[0].rollouts_spent - 1})
-        assert after.steps == [step]  # only the open tree's one leaf is gone
+        gone = {"rollouts_spent": before.steps[0].rollouts_spent - 1, "turns": before.steps[0].turns - 2}
+        assert after.steps == [before.steps[0].model_copy(update=gone)]  # only the open tree's rollout
 
 
 def test_unknown_query_parameters_are_refused(http: httpx.Client) -> None:

@@ -52,6 +52,9 @@ def allocate_inputs() -> Iterator[Hostile]:
         yield Hostile(f"allocate max_branch_depth={value}", "POST", "/v1/allocate", body)
     for value in [*BAD_FLOATS, 65.0, None]:
         yield Hostile(f"allocate expansion={value!r}", "POST", "/v1/allocate", {**valid, "expansion": value})
+    for value in [*BAD_FLOATS, -0.01, 1.01, None, "0.1"]:
+        body = {**valid, "control_share": value}
+        yield Hostile(f"allocate control_share={value!r}", "POST", "/v1/allocate", body)
     for value in ["", "a b", "x" * 200, "é", None, 5]:
         yield Hostile(f"allocate job={value!r:.20}", "POST", "/v1/allocate", {**valid, "job": value})
     for value in ["TRACE", "", None, 1]:

@@ -7,6 +7,8 @@ import dataclasses
 import itertools
 from collections.abc import Sequence
 
+import pytest
+
 from trace_proto import ExpandEvent
 from trace_service.allocation import Reserve
 from trace_service.lifecycle import TRANSITIONS, EventStatus, TreeStatus
@@ -17,11 +19,21 @@ THRESHOLD = 0.5
 LEASE = 30.0
 
 
-def new_tree(tree_id: str, *, rollouts: int = 2, budget: int = 0, rounds: int = 1, job: str = JOB) -> NewTree:
+def new_tree(
+    tree_id: str,
+    *,
+    rollouts: int = 2,
+    budget: int = 0,
+    rounds: int = 1,
+    job: str = JOB,
+    control: bool = False,
+    predicted: float = 0.5,
+) -> NewTree:
     return NewTree(
         tree_id=tree_id, allocation_id="alloc", job=job, step=3, prompt_id=f"p-{tree_id}",
         prompt_text="find the key", prompt_features=None, rollouts=rollouts, expansion_budget=budget,
-        rounds=rounds, policy="trace", predicted_success=0.5, return_unspent=False, prior_outcomes=(1, 4),
+        rounds=rounds, policy="trace", predicted_success=predicted, return_unspent=False,
+        prior_outcomes=(1, 4), control=control,
     )  # fmt: skip
 
 
@@ -468,8 +480,8 @@ async def test_a_finished_tree_is_counted_once(store: TreeStore) -> None:
     batch = await settle_bare(store, "t1")
     assert batch.meta is not None
     assert await store.uncounted(JOB, ["t1", "t2"]) == ["t1", "t2"]
-    assert await store.record_prompt_outcome(batch.meta)
-    assert not await store.record_prompt_outcome(batch.meta)
+    assert await store.record_prompt_outcome(batch.meta, 16)
+    assert not await store.record_prompt_outcome(batch.meta, 16)
     assert await store.uncounted(JOB, ["t1", "t2"]) == ["t2"]
     [outcomes] = await store.prompt_outcomes(JOB, ["p-t1"])
     assert (outcomes.successes, outcomes.trials, outcomes.zero_variance_streak) == (1, 2, 0)
@@ -477,8 +489,32 @@ async def test_a_finished_tree_is_counted_once(store: TreeStore) -> None:
     assert totals[3]["trees_complete"] == 1 and totals[3]["mixed"] == 1 and totals[3]["rollouts_spent"] == 2
 
 
+async def test_control_groups_are_kept_newest_first_and_capped(store: TreeStore) -> None:
+    """A control tree's group (its prediction at allocation, its bare outcomes) joins the job's list
+    once; a policy tree's does not; the list keeps the newest ``controls_kept``."""
+    for n in range(4):
+        await store.create_trees([new_tree(f"c{n}", control=True, predicted=0.1 * (n + 1))], now=1.0)
+        batch = await settle_bare(store, f"c{n}")
+        assert batch.meta is not None and batch.meta.control
+        assert await store.record_prompt_outcome(batch.meta, 3)
+        assert not await store.record_prompt_outcome(batch.meta, 3)
+    await store.create_trees([new_tree("t1")], now=1.0)
+    batch = await settle_bare(store, "t1")
+    assert batch.meta is not None
+    await store.record_prompt_outcome(batch.meta, 3)
+    kept = await store.control_outcomes(JOB)
+    assert [o.predicted for o in kept] == pytest.approx([0.4, 0.3, 0.2])
+    assert {(o.successes, o.trials) for o in kept} == {(1, 2)}
+    totals = (await store.step_totals(JOB))[3]
+    assert totals["control_trees"] == 4 and totals["policy_trees"] == 1 and totals["turns"] == 5 * 3
+
+
 async def test_every_key_the_store_writes_expires(store: TreeStore) -> None:
     """arq's rule: a whole life cycle through every kind of write leaves no key without an expiry."""
+    await store.create_trees([new_tree("c1", control=True)], now=1.0)
+    control = await settle_bare(store, "c1")
+    assert control.meta is not None
+    await store.record_prompt_outcome(control.meta, 16)
     await store.create_trees([new_tree("t1", budget=2)], now=1.0)
     await store.index_allocation(JOB, 3, "alloc", 2, ["t1"], 2, now=1.0)
     await store.remember_response(JOB, "idem", "fingerprint", "{}")
@@ -490,7 +526,7 @@ async def test_every_key_the_store_writes_expires(store: TreeStore) -> None:
     await store.claim_instructions(JOB, max_items=10, lease=5.0, now=10.0)
     done = await apply(store, "t1", [turn("t1", "c1", "a1", instruction_id="i1", reward=1.0)], now=20.0)
     assert done.completed and done.meta is not None
-    await store.record_prompt_outcome(done.meta)
+    await store.record_prompt_outcome(done.meta, 16)
     await store.push_completed(JOB, "t1")
     await store.publish_weights(JOB, 1, b"weights")
     await store.save_predictor(JOB, b"whole")
@@ -498,8 +534,10 @@ async def test_every_key_the_store_writes_expires(store: TreeStore) -> None:
     await store.trainers("owner", now=1.0, ttl=30.0)
     keys = [key async for key in store.redis.scan_iter(match=f"{store.keys.prefix}:*")]
     tree_keys = store.keys.tree("t1")
+    control_keys = store.keys.tree("c1")
     expected = {
         *tree_keys.all,
+        control_keys.meta, control_keys.nodes, control_keys.events, store.keys.control_outcomes(JOB),
         store.keys.jobs, store.keys.steps(JOB), store.keys.steps_info(JOB), store.keys.step_trees(JOB, 3),
         store.keys.open_trees(JOB), store.keys.idempotency(JOB, "idem"), store.keys.instruction_queue(JOB),
         store.keys.prompt_outcomes(JOB), store.keys.counted_trees(JOB), store.keys.step_totals(JOB),
@@ -573,7 +611,7 @@ async def test_prompt_histories_keep_the_streak_of_groups_with_one_outcome(store
         await store.create_trees([dataclasses.replace(spec, prompt_id="p", step=step)], now=1.0)
         done = await apply(store, tree_id, [turn(tree_id, f"n{i}", reward=r) for i, r in enumerate(rewards)])
         assert done.meta is not None
-        assert await store.record_prompt_outcome(done.meta)
+        assert await store.record_prompt_outcome(done.meta, 16)
         [history] = await store.prompt_outcomes(JOB, ["p"])
         expected_successes, expected_streak = [(2, 1), (4, 2), (5, 0)][step]
         assert (history.successes, history.trials) == (expected_successes, 2 * step + 2)

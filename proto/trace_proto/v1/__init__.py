@@ -7,6 +7,7 @@ and header names in `paths`.
 
 from trace_proto.v1 import limits, paths
 from trace_proto.v1.allocate import (
+    DEFAULT_CONTROL_SHARE,
     PREDICTOR_POLICIES,
     AllocateRequest,
     AllocateResponse,
@@ -14,6 +15,7 @@ from trace_proto.v1.allocate import (
     PromptIn,
     SkippedPrompt,
     TreeAllocation,
+    TrustMap,
 )
 from trace_proto.v1.common import API_VERSION, DEFAULT_JOB, RequestModel, ResponseModel
 from trace_proto.v1.errors import PROBLEM_MEDIA_TYPE, ErrorItem, ErrorResponse
@@ -36,7 +38,15 @@ from trace_proto.v1.predictor import (
     PriorInfo,
     TurnIn,
 )
-from trace_proto.v1.stats import JobDeleted, JobStats, StepStats
+from trace_proto.v1.stats import (
+    ArmTotals,
+    ControlCalibration,
+    GainEstimate,
+    GainRatio,
+    JobDeleted,
+    JobStats,
+    StepStats,
+)
 from trace_proto.v1.trees import TreeNode, TreeResponse, TreeStatus
 
 #: Every request and response body (and the event envelope and the claim query): one JSON Schema each.
@@ -61,18 +71,23 @@ SCHEMA_MODELS: tuple[type[RequestModel] | type[ResponseModel], ...] = (
 
 __all__ = [
     "API_VERSION",
+    "DEFAULT_CONTROL_SHARE",
     "DEFAULT_JOB",
     "PREDICTOR_POLICIES",
     "PROBLEM_MEDIA_TYPE",
     "SCHEMA_MODELS",
     "AllocateRequest",
     "AllocateResponse",
+    "ArmTotals",
+    "ControlCalibration",
     "ErrorItem",
     "ErrorResponse",
     "EventStatus",
     "ExpandEvent",
     "ExpandRequest",
     "ExpandResponse",
+    "GainEstimate",
+    "GainRatio",
     "Health",
     "HistoryIn",
     "Instruction",
@@ -96,6 +111,7 @@ __all__ = [
     "TreeNode",
     "TreeResponse",
     "TreeStatus",
+    "TrustMap",
     "TurnIn",
     "limits",
     "paths",

@@ -102,6 +102,10 @@ PREDICTOR_POLICIES = frozenset(
 )
 
 
+#: The share of an allocation's bare rollouts spent on control trees when a request does not say.
+DEFAULT_CONTROL_SHARE = 0.1
+
+
 class PromptIn(RequestModel):
     """One candidate prompt of the pool."""
 
@@ -165,6 +169,14 @@ class AllocateRequest(RequestModel):
         default=None, description="Cap on active prompts (guards against many tiny groups)."
     )
     policy: Policy = Policy.TRACE
+    control_share: Annotated[FiniteFloat, Field(ge=0.0, le=1.0)] = Field(
+        default=DEFAULT_CONTROL_SHARE,
+        description="ε: the share of `budget` spent on control trees, prompts drawn uniformly at random "
+        "from the whole pool (skipped or not by the policy) with uniform's group size and Stage 2. They "
+        "measure the job's gain over uniform allocation without bias (`GET /v1/jobs/{job}/stats`) and "
+        "fit how far Stage 1 trusts the predictor on this job (`trust`); 0 turns both off, and Stage 1 "
+        "then reads the predictor as it is. Workers treat control trees like any other.",
+    )
     rounds: Annotated[StrictInt, Field(ge=1, le=MAX_ROUNDS), Integral] = Field(
         default=1, description="Stage 2 rounds; each round uses the outcomes observed so far."
     )
@@ -207,6 +219,11 @@ class TreeAllocation(ResponseModel):
         "tree's share of the allocation's continuations)."
     )
     predicted_success: Probability = Field(description="Ṽ(x_i) when the decision was made.")
+    control: bool = Field(
+        default=False,
+        description="Drawn at random for the control share: uniform's group size and Stage 2, whatever "
+        "the policy (nothing changes for the workers).",
+    )
 
 
 class SkippedPrompt(ResponseModel):
@@ -214,6 +231,20 @@ class SkippedPrompt(ResponseModel):
 
     prompt_id: Identifier
     predicted_success: Probability
+
+
+class TrustMap(ResponseModel):
+    """How Stage 1 read the predictor: `v' = σ(intercept + slope·(logit Ṽ − center))`, fitted to the
+    job's control trees (slope 0: every prompt alike, uniform's allocation; 1 with intercept ≈ center:
+    the predictor as it is)."""
+
+    intercept: Real
+    slope: Annotated[Real, Field(ge=0.0)]
+    center: Real
+    groups: Count = Field(description="Control groups the map was fitted to.")
+    dispersion: Annotated[Real, Field(ge=1.0)] = Field(
+        description="How much more a control group's rollouts agree than independent draws would."
+    )
 
 
 class AllocateResponse(ResponseModel):
@@ -227,9 +258,14 @@ class AllocateResponse(ResponseModel):
     trees: list[TreeAllocation]
     skipped: list[SkippedPrompt]
     expected_mixed: Annotated[Real, Field(ge=0.0)] = Field(
-        description="Σ_i V_root(v_i, m_i): expected number of mixed groups from the bare rollouts."
+        description="Σ_i V_root(v_i, m_i) at the values Stage 1 read (`trust`): expected number of mixed "
+        "groups from the bare rollouts."
     )
     budget: Count = Field(description="`M` as requested.")
+    trust: TrustMap | None = Field(
+        default=None,
+        description="The calibration map Stage 1 applied to Ṽ; null when the request's control share is 0.",
+    )
 
     @computed_field  # type: ignore[prop-decorator]
     @property

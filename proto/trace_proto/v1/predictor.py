@@ -4,6 +4,7 @@ from typing import Annotated, Literal, Self
 
 from pydantic import Field, model_validator
 
+from trace_proto.v1.allocate import TrustMap
 from trace_proto.v1.common import (
     DEFAULT_JOB,
     Correlation,
@@ -17,6 +18,7 @@ from trace_proto.v1.common import (
     Text,
 )
 from trace_proto.v1.limits import MAX_HISTORIES_PER_REQUEST, MAX_TURNS_PER_HISTORY, MAX_TURNS_PER_PREDICT
+from trace_proto.v1.stats import ControlCalibration
 
 
 class PriorInfo(ResponseModel):
@@ -68,6 +70,14 @@ class PredictorInfo(ResponseModel):
     )
     prior: PriorInfo | None = Field(
         default=None, description="The served prior and its comparison with the history-only baseline."
+    )
+    control: ControlCalibration | None = Field(
+        default=None,
+        description="Ṽ on the job's control prompts only, drawn at random from its pools (unbiased by what "
+        "the policy chose); null before any control tree.",
+    )
+    trust: TrustMap | None = Field(
+        default=None, description="The calibration map Stage 1 applies to Ṽ now, fitted to those controls."
     )
 
 

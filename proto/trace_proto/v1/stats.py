@@ -1,11 +1,11 @@
 """`GET /v1/jobs/{job}/stats`: what allocation achieved, per training step; `DELETE /v1/jobs/{job}`."""
 
 import itertools
-from typing import Self
+from typing import Annotated, Self
 
 from pydantic import Field, computed_field, model_validator
 
-from trace_proto.v1.common import Count, JobName, ResponseModel
+from trace_proto.v1.common import Count, JobName, Probability, Real, ResponseModel
 
 
 class StepStats(ResponseModel):
@@ -22,6 +22,11 @@ class StepStats(ResponseModel):
     continuations_promised: Count
     continuations_spent: Count = Field(description="Continuations with a scored leaf.")
     fallback_units: Count = Field(description="Continuations placed by the uniform fallback.")
+    turns: Count = Field(default=0, description="Turns reported: what the step's trees generated.")
+    control_trees: Count = Field(
+        default=0, description="Active prompts drawn as controls (uniform's rules, counted in `active`)."
+    )
+    control_mixed: Count = Field(default=0, description="Mixed trees among the control trees.")
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -36,6 +41,11 @@ class StepStats(ResponseModel):
                 f"step {self.step}: active ({self.active}) + skipped ({self.skipped}) "
                 f"!= prompts ({self.prompts})"
             )
+        if self.control_trees > self.active or self.control_mixed > min(self.mixed, self.control_trees):
+            raise ValueError(
+                f"step {self.step}: control_trees ({self.control_trees}) cannot exceed active and "
+                f"control_mixed ({self.control_mixed}) neither mixed nor control_trees"
+            )
         if self.trees_complete > self.active or self.mixed > self.active:
             raise ValueError(
                 f"step {self.step}: trees_complete ({self.trees_complete}) and mixed ({self.mixed}) "
@@ -44,11 +54,63 @@ class StepStats(ResponseModel):
         return self
 
 
+class ArmTotals(ResponseModel):
+    """The complete trees of one arm of a job (its policy's trees, or its control trees)."""
+
+    trees: Count
+    mixed: Count
+    bare_rollouts: Count = Field(description="Scored bare rollouts.")
+    turns: Count = Field(description="Turns generated, continuations included.")
+
+
+class GainRatio(ResponseModel):
+    """A ratio of the policy's figure to uniform's, with its 90% interval."""
+
+    ratio: Annotated[Real, Field(ge=0.0)]
+    low: Annotated[Real, Field(ge=0.0)]
+    high: Annotated[Real, Field(ge=0.0)]
+
+
+class GainEstimate(ResponseModel):
+    """Whether the job's policy beats uniform allocation, measured on the job itself: mixed groups per
+    bare rollout and per generated turn of the policy's trees over those of the control trees (a random
+    sample of uniform's allocation on the same pools), over the steps reported. The 90% intervals come
+    from the delta method on the log ratio, each complete tree one observation; null while either arm
+    has no mixed tree."""
+
+    policy: ArmTotals
+    control: ArmTotals
+    per_bare_rollout: GainRatio | None = None
+    per_turn: GainRatio | None = None
+
+
+class ControlCalibration(ResponseModel):
+    """The predictor on the job's control prompts only (drawn at random, so the prompts the policy
+    skips count as much as the others): the prediction each had at allocation against its bare
+    outcomes, over the job's most recent control groups."""
+
+    groups: Count
+    rollouts: Count
+    brier: Probability | None = Field(default=None, description="Mean (Ṽ − reward)² per bare rollout.")
+    brier_constant: Probability | None = Field(
+        default=None, description="The same for one constant, the control rollouts' success rate."
+    )
+    skill: Real | None = Field(
+        default=None, description="1 − brier / brier_constant: above 0 when Ṽ tells prompts apart."
+    )
+
+
 class JobStats(ResponseModel):
-    """Per-step statistics of one job, in increasing step order."""
+    """Per-step statistics of one job, in increasing step order, and its gain over uniform."""
 
     job: JobName
     steps: list[StepStats]
+    gain: GainEstimate | None = Field(
+        default=None, description="Over the steps reported; null when none of them drew control trees."
+    )
+    calibration: ControlCalibration | None = Field(
+        default=None, description="The predictor on control prompts; null before any control tree."
+    )
 
     @model_validator(mode="after")
     def _check_order(self) -> Self:

@@ -79,6 +79,7 @@ class TreeResponse(ResponseModel):
     mixed: bool = Field(description="The leaves hold both a success and a failure.")
     rollouts: Count = Field(description="Bare rollouts allocated (`m_i`).")
     expansion_budget: Count = Field(description="Continuations promised to this tree.")
+    control: bool = Field(default=False, description="A control tree of its allocation's control share.")
     value: Probability | None = Field(
         default=None, description="Root V̂: success rate of all scored leaves; null before any."
     )

@@ -6,6 +6,7 @@ and ``trace_service.tree``.
 - ``intake``: POST /v1/expand (events, the follow-ups they make due, re-offers)
 - ``decide``: one Stage 2 round of one tree, decided (``trace_service.branching``) and recorded
 - ``completion``: the bookkeeping once a tree is finished
+- ``control``: what a job's control trees say (its trust map, the predictor's calibration on them)
 - ``instructions``: GET /v1/instructions (leases)
 - ``maintenance``: the sweeper
 - ``queries``: tree export and close, job statistics, predictions on demand
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from trace_service.engine.allocate import Allocation
 from trace_service.engine.common import Clock, IdempotencyConflictError, NotFoundError
 from trace_service.engine.completion import Completion
+from trace_service.engine.control import ControlEvidence
 from trace_service.engine.decide import Stage2
 from trace_service.engine.instructions import Instructions
 from trace_service.engine.intake import Intake
@@ -34,6 +36,7 @@ from trace_service.store import TreeStore
 __all__ = [
     "Allocation",
     "Clock",
+    "ControlEvidence",
     "Engine",
     "IdempotencyConflictError",
     "Instructions",
@@ -58,6 +61,7 @@ class Engine:
 
     store: TreeStore
     predictors: PredictorRegistry
+    evidence: ControlEvidence
     allocation: Allocation
     intake: Intake
     instructions: Instructions
@@ -77,17 +81,19 @@ def build_engine(
     *,
     clock: Clock = time.time,
 ) -> Engine:
-    completion = Completion(store, metrics)
+    completion = Completion(store, metrics, settings.control_window)
     stage2 = Stage2(store, predictors, settings, metrics, completion, clock)
+    evidence = ControlEvidence(store)
     return Engine(
         store=store,
         predictors=predictors,
-        allocation=Allocation(store, predictors, metrics, clock),
+        evidence=evidence,
+        allocation=Allocation(store, predictors, evidence, metrics, clock),
         intake=Intake(store, predictors.featurizer, settings, metrics, stage2, completion, clock),
         instructions=Instructions(store, settings, metrics, clock),
         sweeper=Sweeper(store, settings, stage2, completion, clock),
         trees=Trees(store, settings, completion, clock),
-        stats=JobStatistics(store, settings, metrics),
+        stats=JobStatistics(store, settings, evidence, metrics),
         jobs=Jobs(store, predictors),
         predictions=Predictions(store, predictors),
         readiness=Readiness(store, predictors, metrics),

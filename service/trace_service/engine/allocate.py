@@ -8,10 +8,13 @@ import hashlib
 import numpy as np
 import numpy.typing as npt
 
-from trace_proto import AllocateRequest, AllocateResponse
+from trace_proto import AllocateRequest, AllocateResponse, Policy
 from trace_service.allocation import POLICIES, Reserve, RootInputs, bare_mixed_chance, root_value
+from trace_service.allocation.control import plan_roots
+from trace_service.allocation.trust import Trust
 from trace_service.engine.common import Clock, IdempotencyConflictError, fresh_ids
-from trace_service.metrics import Metrics
+from trace_service.engine.control import ControlEvidence, trust_map
+from trace_service.metrics import OTHER_JOBS, Metrics
 from trace_service.offload import off_loop
 from trace_service.predictor import OutcomeCounts, Query
 from trace_service.predictors import PredictorRegistry
@@ -19,14 +22,21 @@ from trace_service.store import NewTree, PromptOutcomes, TreeStore
 
 
 class Allocation:
-    """Answers allocation requests: predicts each prompt's success, runs its policy's Stage 1 rule and
-    creates the trees, remembering the answer under the request's idempotency key."""
+    """Answers allocation requests: predicts each prompt's success, draws the control trees, runs the
+    policy's Stage 1 rule on the predictions as the job's trust map reads them, and creates the trees,
+    remembering the answer under the request's idempotency key."""
 
     def __init__(
-        self, store: TreeStore, predictors: PredictorRegistry, metrics: Metrics, clock: Clock
+        self,
+        store: TreeStore,
+        predictors: PredictorRegistry,
+        evidence: ControlEvidence,
+        metrics: Metrics,
+        clock: Clock,
     ) -> None:
         self.store = store
         self.predictors = predictors
+        self.evidence = evidence
         self.metrics = metrics
         self.clock = clock
         self._rng = np.random.default_rng()
@@ -46,11 +56,12 @@ class Allocation:
             response, trees = await self._decide_roots(request)
         now = self.clock()
         sharing = POLICIES[request.policy].sharing
-        if sharing is not None and any(t.expansion_budget for t in trees):
+        shared = [tree for tree in trees if not tree.control]
+        if sharing is not None and any(t.expansion_budget for t in shared):
             # Before the trees: none of them can decide Stage 2 before the reserve exists.
             reserve = Reserve.of(
-                [sharing.split(tree.expansion_budget)[1] for tree in trees],
-                bare_mixed_chance([t.predicted_success for t in trees], [t.rollouts for t in trees]).tolist(),
+                [sharing.split(tree.expansion_budget)[1] for tree in shared],
+                [tree.mixed_chance for tree in shared],
             )
             await self.store.create_reserve(request.job, response.allocation_id, reserve)
         await self.store.create_trees(trees, now)
@@ -73,6 +84,8 @@ class Allocation:
         promised = self.metrics.budget_promised
         promised.labels(job, "bare").inc(sum(tree.rollouts for tree in trees))
         promised.labels(job, "continuation").inc(sum(tree.expansion_budget for tree in trees))
+        if response.trust is not None and job != OTHER_JOBS:
+            self.metrics.trust_slope.labels(job).set(response.trust.slope)
         return response
 
     async def _index(self, request: AllocateRequest, response: AllocateResponse) -> None:
@@ -84,6 +97,7 @@ class Allocation:
             [tree.tree_id for tree in response.trees],
             sum(tree.rollouts for tree in response.trees),
             self.clock(),
+            controls=sum(tree.control for tree in response.trees),
         )
 
     async def _decide_roots(self, request: AllocateRequest) -> tuple[AllocateResponse, list[NewTree]]:
@@ -100,8 +114,10 @@ class Allocation:
             for root, h in zip(encoded, history, strict=True)
         ]
         version, v = await predictor.predict(queries)
+        # ε = 0: no controls, so nothing to fit trust to; Stage 1 reads the predictor as it is.
+        trust = await self.evidence.trust(request.job) if request.control_share > 0 else None
         return await off_loop(
-            len(prompts), self._plan_roots, request, history, version, v, predictor.freshness
+            len(prompts), self._plan_roots, request, history, version, v, predictor.freshness, trust
         )
 
     def _plan_roots(
@@ -111,12 +127,16 @@ class Allocation:
         version: int,
         v: npt.NDArray[np.float64],
         freshness: float,
+        trust: Trust | None,
     ) -> tuple[AllocateResponse, list[NewTree]]:
-        """Stage 1 from the job's predictions and continuation freshness: the answer and the trees to
-        create."""
+        """Stage 1 from the job's predictions, its trust map and continuation freshness: the answer and
+        the trees to create."""
         prompts = request.prompts
-        # The policy's Stage 1 rule (allocation.POLICIES), given every input a rule may read.
-        counts = POLICIES[request.policy].roots.counts(
+        read = v if trust is None else trust.apply(v)
+        # The control trees, then the policy's Stage 1 rule (allocation.POLICIES) over the rest, given
+        # every input a rule may read.
+        plan = plan_roots(
+            POLICIES[request.policy].roots,
             RootInputs(
                 n_prompts=len(prompts),
                 budget=request.budget,
@@ -124,14 +144,18 @@ class Allocation:
                 max_rollouts=request.max_rollouts,
                 max_prompts=request.max_prompts,
                 expansion=request.expansion,
-                predicted=v,
+                predicted=read,
                 freshness=freshness,
                 zero_variance_streak=np.array([h.zero_variance_streak for h in history], dtype=np.int64),
                 rng=self._rng,
-            )
+            ),
+            request.control_share,
+            self._rng,
         )
+        counts = plan.counts
         expansion = np.floor(counts * request.expansion + 1e-9).astype(np.int64).tolist()
-        rollouts, predicted = counts.tolist(), v.tolist()
+        rollouts, predicted, control = counts.tolist(), v.tolist(), plan.control.tolist()
+        mixed_chance = bare_mixed_chance(read, counts).tolist()
         active = [i for i, count in enumerate(rollouts) if count > 0]
         allocation_id, *tree_ids = fresh_ids(1 + len(active))
         trees = [
@@ -146,11 +170,14 @@ class Allocation:
                 rollouts=rollouts[i],
                 expansion_budget=expansion[i],
                 rounds=request.rounds,
-                policy=request.policy.value,
+                # A control tree follows uniform's Stage 2, whatever the policy.
+                policy=(Policy.UNIFORM if control[i] else request.policy).value,
                 predicted_success=predicted[i],
                 return_unspent=request.return_unspent,
                 max_branch_depth=request.max_branch_depth,
                 prior_outcomes=(history[i].successes, history[i].trials),
+                control=control[i],
+                mixed_chance=mixed_chance[i],
             )
             for i, tree_id in zip(active, tree_ids, strict=True)
         ]
@@ -169,6 +196,7 @@ class Allocation:
                         "rollouts": t.rollouts,
                         "expansion_budget": t.expansion_budget,
                         "predicted_success": t.predicted_success,
+                        "control": t.control,
                     }
                     for t in trees
                 ],
@@ -177,8 +205,9 @@ class Allocation:
                     for i, p in enumerate(prompts)
                     if rollouts[i] == 0
                 ],
-                "expected_mixed": float(root_value(v, counts).sum()),
+                "expected_mixed": float(root_value(read, counts).sum()),
                 "budget": request.budget,
+                "trust": None if trust is None else trust_map(trust),
             }
         )
         return response, trees

@@ -3,14 +3,16 @@ sweeper)."""
 
 from __future__ import annotations
 
+from trace_service.allocation.gain import CONTROL, POLICY
 from trace_service.metrics import Metrics
 from trace_service.store import TreeMeta, TreeStore
 
 
 class Completion:
-    def __init__(self, store: TreeStore, metrics: Metrics) -> None:
+    def __init__(self, store: TreeStore, metrics: Metrics, control_window: int) -> None:
         self.store = store
         self.metrics = metrics
+        self.control_window = control_window
 
     async def completed(self, tree_id: str, meta: TreeMeta | None = None) -> None:
         """Bookkeeping once a tree is finished: the prompt's outcome history (counted once per tree), a
@@ -21,9 +23,14 @@ class Completion:
         meta = meta or (await self.store.load_metas([tree_id]))[0]
         if meta is None:
             return
-        counted = await self.store.record_prompt_outcome(meta)
+        counted = await self.store.record_prompt_outcome(meta, self.control_window)
         await self.store.push_completed(meta.job, tree_id)
         if counted:
-            mixed = "true" if meta.mixed else "false"
-            self.metrics.trees_completed.labels(self.metrics.job_label(meta.job), mixed).inc()
+            job = self.metrics.job_label(meta.job)
+            self.metrics.trees_completed.labels(job, "true" if meta.mixed else "false").inc()
+            arm = CONTROL if meta.control else POLICY
+            self.metrics.arm_trees.labels(job, arm).inc()
+            self.metrics.arm_mixed.labels(job, arm).inc(int(meta.mixed))
+            self.metrics.arm_bare_rollouts.labels(job, arm).inc(meta.bare_leaves)
+            self.metrics.arm_turns.labels(job, arm).inc(meta.turns)
         await self.store.forget_open(meta.job, tree_id)

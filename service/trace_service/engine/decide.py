@@ -15,7 +15,6 @@ from trace_service.allocation import (
     Need,
     PolicyRules,
     Sharing,
-    bare_mixed_chance,
     is_mixed,
     spread_evenly,
 )
@@ -140,7 +139,7 @@ class Stage2:
             meta.allocation_id,
             meta.tree_id,
             share=pooled,
-            mixed_chance=float(bare_mixed_chance(meta.predicted_success, meta.rollouts)),
+            mixed_chance=meta.mixed_chance,
             agrees=not is_mixed(meta.bare_successes, meta.bare_leaves),
             can_branch=branches,
         )

@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 from pydantic import TypeAdapter
 
-from trace_proto import HistoryIn, JobDeleted, JobStats, PredictResponse, StepStats, TreeNode, TreeResponse
+from trace_proto import (
+    ArmTotals,
+    GainEstimate,
+    GainRatio,
+    HistoryIn,
+    JobDeleted,
+    JobStats,
+    PredictResponse,
+    StepStats,
+    TreeNode,
+    TreeResponse,
+)
+from trace_service.allocation.gain import CONTROL, POLICY, ArmSums, Unit, gain_ratio
 from trace_service.engine.common import Clock, NotFoundError
 from trace_service.engine.completion import Completion
+from trace_service.engine.control import ControlEvidence
 from trace_service.lifecycle import FINISHED
-from trace_service.metrics import OTHER_JOBS, Metrics
+from trace_service.metrics import GAIN_BOUNDS, GAIN_UNITS, OTHER_JOBS, Metrics, gauge_value
 from trace_service.offload import off_loop
 from trace_service.predictor import OutcomeCounts, Query, Turn
 from trace_service.predictors import PredictorRegistry
@@ -58,9 +71,12 @@ class Trees:
 class JobStatistics:
     """GET /v1/jobs/{job}/stats."""
 
-    def __init__(self, store: TreeStore, settings: Settings, metrics: Metrics) -> None:
+    def __init__(
+        self, store: TreeStore, settings: Settings, evidence: ControlEvidence, metrics: Metrics
+    ) -> None:
         self.store = store
         self.settings = settings
+        self.evidence = evidence
         self.metrics = metrics
 
     async def job_stats(self, job: str) -> JobStats:
@@ -74,10 +90,30 @@ class JobStatistics:
             await self._step_stats(job, step, allocations.get(step, []), totals.get(step, {}))
             for step in steps
         ]
-        ratio = summaries[-1].effective_ratio
-        if ratio is not None and (label := self.metrics.job_label(job)) != OTHER_JOBS:
+        controls = sum(summary.control_trees for summary in summaries)
+        gain = gain_estimate([totals.get(step, {}) for step in steps]) if controls else None
+        stats = JobStats(
+            job=job, steps=summaries, gain=gain, calibration=await self.evidence.calibration(job)
+        )
+        self._publish(job, stats)
+        return stats
+
+    def _publish(self, job: str, stats: JobStats) -> None:
+        """The job's latest effective ratio, gain and skill on control prompts as gauges."""
+        label = self.metrics.job_label(job)
+        if label == OTHER_JOBS:
+            return
+        ratio = stats.steps[-1].effective_ratio
+        if ratio is not None:
             self.metrics.effective_ratio.labels(label).set(ratio)
-        return JobStats(job=job, steps=summaries)
+        gain = stats.gain
+        estimates = (None, None) if gain is None else (gain.per_bare_rollout, gain.per_turn)
+        for unit, estimate in zip(GAIN_UNITS, estimates, strict=True):
+            bounds = (None,) * 3 if estimate is None else (estimate.ratio, estimate.low, estimate.high)
+            for bound, value in zip(GAIN_BOUNDS, bounds, strict=True):
+                self.metrics.gain_ratio.labels(label, unit, bound).set(gauge_value(value))
+        skill = stats.calibration.skill if stats.calibration else None
+        self.metrics.control_brier_skill.labels(label).set(gauge_value(skill))
 
     async def _step_stats(
         self, job: str, step: int, allocations: list[AllocationCounts], totals: dict[str, int]
@@ -89,6 +125,7 @@ class JobStatistics:
         uncounted = await self.store.uncounted(job, tree_ids)
         live = [meta for meta in await self.store.load_metas(uncounted) if meta]
         active = sum(allocation.trees for allocation in allocations)
+        controls = sum(allocation.controls for allocation in allocations)
         bare_promised = sum(allocation.bare_promised for allocation in allocations)
         prompts = sum(allocation.prompts for allocation in allocations)
 
@@ -107,7 +144,27 @@ class JobStatistics:
             continuations_promised=total("continuations_promised", lambda meta: meta.promised),
             continuations_spent=total("continuations_spent", lambda meta: meta.cont_leaves),
             fallback_units=total("fallback_units", lambda meta: meta.fallback),
+            turns=total("turns", lambda meta: meta.turns),
+            control_trees=controls,
+            control_mixed=total(f"{CONTROL}_mixed", lambda meta: int(meta.control and meta.mixed)),
         )
+
+
+def gain_estimate(step_totals: Sequence[Mapping[str, int]]) -> GainEstimate:
+    """The gain over uniform of the steps' complete trees (``allocation.gain``)."""
+    policy = sum((ArmSums.from_figures(totals, POLICY) for totals in step_totals), ArmSums())
+    control = sum((ArmSums.from_figures(totals, CONTROL) for totals in step_totals), ArmSums())
+
+    def ratio(unit: Unit) -> GainRatio | None:
+        estimate = gain_ratio(policy, control, unit)
+        return None if estimate is None else GainRatio(ratio=estimate[0], low=estimate[1], high=estimate[2])
+
+    def arm(sums: ArmSums) -> ArmTotals:
+        return ArmTotals(trees=sums.trees, mixed=sums.mixed, bare_rollouts=sums.bare, turns=sums.turns)
+
+    return GainEstimate(
+        policy=arm(policy), control=arm(control), per_bare_rollout=ratio("bare"), per_turn=ratio("turns")
+    )
 
 
 class Jobs:
@@ -199,6 +256,7 @@ def export_tree(tree: StoredTree, success_threshold: float) -> bytes:
         mixed=targets.mixed,
         rollouts=meta.rollouts,
         expansion_budget=meta.expansion_budget,
+        control=meta.control,
         value=defined(targets.root_value),
         nodes=[],
     )

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request
 from trace_proto import DEFAULT_JOB, PredictorInfo, PredictRequest, PredictResponse
 from trace_proto.v1 import paths
 from trace_proto.v1.limits import JOB_PATTERN
-from trace_service.deps import PredictionsDep, PredictorsDep
+from trace_service.deps import EvidenceDep, PredictionsDep, PredictorsDep
 from trace_service.routers.body import documented, validated
 from trace_service.routers.responses import ERRORS
 
@@ -19,10 +19,13 @@ JobQuery = Annotated[str, Query(pattern=JOB_PATTERN, description="The job whose 
 
 
 @router.get(paths.PREDICTOR, response_model=PredictorInfo, responses=ERRORS)
-async def predictor_info(predictors: PredictorsDep, job: JobQuery = DEFAULT_JOB) -> PredictorInfo:
+async def predictor_info(
+    predictors: PredictorsDep, evidence: EvidenceDep, job: JobQuery = DEFAULT_JOB
+) -> PredictorInfo:
     """The job's predictor: version, examples seen and held-out quality (Brier, ECE, Spearman overall and
-    by depth).  A job that has learned nothing yet is served by the clean predictor (version 0)."""
-    return await (await predictors.get(job)).info()
+    by depth), its calibration on the job's control prompts and the trust map Stage 1 applies.  A job
+    that has learned nothing yet is served by the clean predictor (version 0)."""
+    return await evidence.describe(await (await predictors.get(job)).info())
 
 
 @router.post(

@@ -69,6 +69,11 @@ class KeySpace:
         them after the trees themselves expire."""
         return f"{self._job(job)}:steptotals"
 
+    def control_outcomes(self, job: str) -> str:
+        """The job's most recent control groups (``ControlOutcome``, newest first, a capped list): what
+        the predictor's trust on the job is fitted to."""
+        return f"{self._job(job)}:controls"
+
     def steps(self, job: str) -> str:
         return f"{self._job(job)}:steps"
 

@@ -35,6 +35,8 @@ class NewTree:
     return_unspent: bool
     prior_outcomes: tuple[int, int]  # the prompt's (successes, trials) before this step
     max_branch_depth: int | None = None  # continuations only from prefixes this shallow (None: any)
+    control: bool = False  # drawn at random for the allocation's control share
+    mixed_chance: float = 0.0  # P(its bare group is mixed) at the values Stage 1 read
 
     def hash_fields(self, now: float) -> list[str]:
         """What a new tree stores, as a flat field/value list: its immutable spec as one JSON field, the
@@ -51,6 +53,8 @@ class NewTree:
             "predicted": self.predicted_success,
             "return_unspent": self.return_unspent,
             "max_branch_depth": self.max_branch_depth,
+            "control": self.control,
+            "mixed_chance": self.mixed_chance,
             "created_at": now,
         }
         return [
@@ -67,7 +71,7 @@ class NewTree:
 #: Counters a new tree starts without (absent reads as 0).
 _COUNTERS = (
     "round", "bare_started", "bare_leaves", "bare_successes", "cont_started", "cont_leaves", "successes",
-    "promised", "returned", "fallback",
+    "promised", "returned", "fallback", "turns",
 )  # fmt: skip
 
 
@@ -104,9 +108,12 @@ class TreeMeta:
     promised: int
     returned: int
     fallback: int
+    turns: int  # turns reported: what the tree generated
     created_at: float
     finished_at: float
     max_branch_depth: int | None = None
+    control: bool = False
+    mixed_chance: float = 0.0
 
     @property
     def leaves(self) -> int:
@@ -143,6 +150,8 @@ class TreeMeta:
             created_at=float(spec["created_at"]),
             finished_at=float(raw.get("finished_at") or 0),
             max_branch_depth=spec["max_branch_depth"],
+            control=bool(spec["control"]),
+            mixed_chance=float(spec["mixed_chance"]),
             **counters,
         )
 
@@ -391,14 +400,36 @@ class PromptOutcomes:
 
 
 @dataclass(frozen=True)
+class ControlOutcome:
+    """A control tree's group: the prediction its prompt had at allocation and its bare outcomes."""
+
+    predicted: float
+    successes: int
+    trials: int
+
+    def __str__(self) -> str:
+        return f"{self.predicted!r},{self.successes},{self.trials}"
+
+    @classmethod
+    def parse(cls, raw: str) -> ControlOutcome:
+        predicted, successes, trials = raw.split(",")
+        return cls(float(predicted), int(successes), int(trials))
+
+
+@dataclass(frozen=True)
 class AllocationCounts:
-    """What one allocation of a step made: prompts offered, trees, bare rollouts promised."""
+    """What one allocation of a step made: prompts offered, trees (``controls`` of them control
+    trees), bare rollouts promised."""
 
     prompts: int
     trees: int
     bare_promised: int
+    controls: int
+
+    def __str__(self) -> str:
+        return f"{self.prompts},{self.trees},{self.bare_promised},{self.controls}"
 
     @classmethod
     def parse(cls, raw: str) -> AllocationCounts:
-        prompts, trees, bare_promised = (int(part) for part in raw.split(","))
-        return cls(prompts, trees, bare_promised)
+        prompts, trees, bare_promised, controls = (int(part) for part in raw.split(","))
+        return cls(prompts, trees, bare_promised, controls)

@@ -21,6 +21,7 @@ from redis.exceptions import DataError
 from trace_proto import ExpandEvent
 from trace_proto.v1.limits import MAX_TURNS_PER_HISTORY
 from trace_service.allocation import Reserve
+from trace_service.allocation.gain import CONTROL, POLICY, ArmSums
 from trace_service.lifecycle import TreeStatus
 from trace_service.offload import off_loop
 from trace_service.store.keys import KeySpace
@@ -28,6 +29,7 @@ from trace_service.store.records import (
     AllocationCounts,
     AppliedBatch,
     CommittedDecision,
+    ControlOutcome,
     NewTree,
     PromptOutcomes,
     StoredTree,
@@ -114,21 +116,24 @@ class TreeStore:
         tree_ids: Sequence[str],
         bare_promised: int,
         now: float,
+        *,
+        controls: int = 0,
     ) -> None:
         """List an allocation's trees under its job and step, and as open for the sweeper (idempotent),
-        with its counts (``prompts`` offered, trees, ``bare_promised`` rollouts) for job stats.
-        The trees first, in bounded chunks; the step, which makes job stats count them, only once every
-        tree is listed, so a failure part-way leaves nothing that stats count (a retry completes it)."""
+        with its counts (``prompts`` offered, trees, ``bare_promised`` rollouts, ``controls`` of the
+        trees control trees) for job stats.  The trees first, in bounded chunks; the step, which makes job
+        stats count them, only once every tree is listed, so a failure part-way leaves nothing that
+        stats count (a retry completes it)."""
         ttl, step_info = self.job_ttl, f"{step}:{allocation_id}"
+        counts = AllocationCounts(prompts, len(tree_ids), bare_promised, controls)
         writes = ScriptRunner.writes
         await self.scripts.run_all(
             writes(self.keys.step_trees(job, step), ttl, "SADD", tree_ids)
             + writes(self.keys.open_trees(job), ttl, "SADD", tree_ids)
         )
-        counts = f"{prompts},{len(tree_ids)},{bare_promised}"
         await self.scripts.run_all(
             writes(self.keys.steps(job), ttl, "ZADD", [step, step])
-            + writes(self.keys.steps_info(job), ttl, "HSET", [step_info, counts])
+            + writes(self.keys.steps_info(job), ttl, "HSET", [step_info, str(counts)])
             + writes(self.keys.jobs, ttl, "ZADD", [now, job])
         )
 
@@ -200,11 +205,18 @@ class TreeStore:
         raw = await self.redis.hmget(self.keys.prompt_outcomes(job), list(prompt_ids))
         return [PromptOutcomes.parse(text(value)) if value else PromptOutcomes() for value in raw]
 
-    async def record_prompt_outcome(self, meta: TreeMeta) -> bool:
+    async def record_prompt_outcome(self, meta: TreeMeta, controls_kept: int) -> bool:
         """Count a finished tree once (a repeat is a no-op): its bare-rollout group joins its prompt's
-        history, its figures its step's totals.  Returns whether it was counted now."""
+        history, its figures its step's totals (the gain's sums under its arm), and a control tree's
+        group the job's last ``controls_kept`` control outcomes.  Returns whether it was counted now."""
         job = meta.job
-        keys = [self.keys.prompt_outcomes(job), self.keys.counted_trees(job), self.keys.step_totals(job)]
+        keys = [
+            self.keys.prompt_outcomes(job),
+            self.keys.counted_trees(job),
+            self.keys.step_totals(job),
+            self.keys.control_outcomes(job),
+        ]
+        arm = ArmSums.of_tree(mixed=meta.mixed, bare=meta.bare_leaves, turns=meta.turns)
         figures = {
             "trees_complete": 1,
             "mixed": int(meta.mixed),
@@ -212,10 +224,23 @@ class TreeStore:
             "continuations_promised": meta.promised,
             "continuations_spent": meta.cont_leaves,
             "fallback_units": meta.fallback,
+            "turns": meta.turns,
+            **arm.figures(CONTROL if meta.control else POLICY),
         }
+        control = (
+            str(ControlOutcome(meta.predicted_success, meta.bare_successes, meta.bare_leaves))
+            if meta.control
+            else ""
+        )
         args = [meta.prompt_id, meta.bare_successes, meta.bare_leaves, self.job_ttl, meta.tree_id, meta.step]
         figure_args = [x for figure in figures.items() for x in figure]
-        return bool(await self.scripts.run(ScriptCall("record_outcome", keys, [*args, *figure_args])))
+        call = ScriptCall("record_outcome", keys, [*args, control, controls_kept, *figure_args])
+        return bool(await self.scripts.run(call))
+
+    async def control_outcomes(self, job: str) -> list[ControlOutcome]:
+        """The job's most recent control groups, newest first."""
+        raw = await self.redis.lrange(self.keys.control_outcomes(job), 0, -1)
+        return [ControlOutcome.parse(text(value)) for value in raw]
 
     async def step_allocations(self, job: str) -> dict[int, list[AllocationCounts]]:
         """The counts of each allocation made, by step."""

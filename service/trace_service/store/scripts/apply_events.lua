@@ -27,7 +27,7 @@ local function num(value) return tonumber(value) or 0 end
 -- Only the fields used here (the hash also holds the prompt text, which this script never needs).
 local fields = {'job', 'status', 'rollouts', 'rounds', 'round', 'expansion_budget', 'promised', 'returned',
                 'decision_round', 'decision_until', 'bare_started', 'bare_leaves', 'bare_successes',
-                'cont_started', 'cont_leaves', 'successes'}
+                'cont_started', 'cont_leaves', 'successes', 'turns'}
 local m = {}
 local raw = redis.call('HMGET', meta_key, unpack(fields))
 for i, name in ipairs(fields) do m[name] = raw[i] or nil end
@@ -36,7 +36,7 @@ local rollouts = num(m.rollouts)
 local counters = {
   bare_started = num(m.bare_started), bare_leaves = num(m.bare_leaves),
   bare_successes = num(m.bare_successes), cont_started = num(m.cont_started),
-  cont_leaves = num(m.cont_leaves), successes = num(m.successes),
+  cont_leaves = num(m.cont_leaves), successes = num(m.successes), turns = num(m.turns),
 }
 local node_cache, instr_cache = {}, {}
 
@@ -130,6 +130,7 @@ for i = 1, #events do
           counters.cont_leaves = counters.cont_leaves + 1
         end
       end
+      counters.turns = counters.turns + 1
       node_cache[node_id] = node
       redis.call('HSET', nodes_key, node_id, cjson.encode(node))
       redis.call('SADD', events_key, event_id)
@@ -164,7 +165,8 @@ end
 redis.call('HSET', meta_key,
   'bare_started', counters.bare_started, 'bare_leaves', counters.bare_leaves,
   'bare_successes', counters.bare_successes, 'cont_started', counters.cont_started,
-  'cont_leaves', counters.cont_leaves, 'successes', counters.successes, 'updated_at', now)
+  'cont_leaves', counters.cont_leaves, 'successes', counters.successes, 'turns', counters.turns,
+  'updated_at', now)
 for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, ttl) end
 local summary = cjson.encode({results = results, job = m.job, status = status, decision = decision,
                               token = token, completed = completed, started = started,

@@ -1,0 +1,96 @@
+"""The control share through the engine: control trees drawn and marked, run on uniform's rules, their
+outcomes recorded once, and what they say reported: the gain over uniform, the calibration on control
+prompts and the trust map the next allocation reads the predictor through."""
+
+from __future__ import annotations
+
+import pytest
+from support import rollout, running_engine
+
+from trace_proto import AllocateRequest, AllocateResponse, Policy, PromptIn, TreeResponse
+from trace_service.allocation import uniform_roots
+from trace_service.allocation.gain import ArmSums, gain_ratio
+from trace_service.engine import Engine
+
+PROMPTS = 40
+
+
+def request(step: int, share: float, **fields: object) -> AllocateRequest:
+    prompts = [PromptIn(prompt_id=f"p{i}", text=f"task {i}") for i in range(PROMPTS)]
+    return AllocateRequest.model_validate(
+        {"step": step, "budget": 2 * PROMPTS, "expansion": 0.0, "control_share": share, "prompts": prompts}
+        | fields
+    )
+
+
+def reward(prompt_id: str, j: int) -> float:
+    """Even prompts always succeed; odd ones succeed every other rollout (their groups are mixed)."""
+    return 1.0 if int(prompt_id[1:]) % 2 == 0 else float(j % 2)
+
+
+async def run(engine: Engine, allocation: AllocateResponse) -> None:
+    events = [
+        event
+        for tree in allocation.trees
+        for j in range(tree.rollouts)
+        for event in rollout(tree.tree_id, None, 2, reward(tree.prompt_id, j))
+    ]
+    answer = await engine.intake.expand(events)
+    assert not answer.rejected and len(answer.completed) == len(allocation.trees)
+
+
+async def test_control_trees_are_drawn_marked_and_measured(store_url: str) -> None:
+    async with running_engine(store_url) as engine:
+        first = await engine.allocation.allocate(request(0, 0.5), None)
+        controls = [tree for tree in first.trees if tree.control]
+        # ε·M / n = 0.5 · 80 / 2: exactly 20 control trees of uniform's two rollouts.
+        assert len(controls) == 20 and all(tree.rollouts == 2 for tree in controls)
+        assert sum(tree.rollouts for tree in first.trees) <= 80
+        # No control outcome yet: the trust map is flat and the policy's trees get uniform's counts.
+        assert first.trust is not None and first.trust.groups == 0 and first.trust.slope == 0.0
+        policy_counts = sorted(tree.rollouts for tree in first.trees if not tree.control)
+        assert policy_counts == sorted(c for c in uniform_roots(20, 40).tolist() if c)
+        metas = await engine.store.load_metas([tree.tree_id for tree in controls])
+        assert {meta.policy for meta in metas if meta} == {Policy.UNIFORM.value}  # uniform's Stage 2
+        await run(engine, first)
+
+        exported = TreeResponse.model_validate_json(await engine.trees.tree(controls[0].tree_id))
+        assert exported.control
+        stats = await engine.stats.job_stats("default")
+        step = stats.steps[0]
+        assert step.control_trees == 20 and step.turns == 2 * 2 * PROMPTS
+        assert step.control_mixed == sum(int(t.prompt_id[1:]) % 2 for t in controls)
+        gain = stats.gain
+        assert gain is not None and gain.control.trees == 20 and gain.policy.trees == 20
+        arms = {True: ArmSums(), False: ArmSums()}
+        for tree in first.trees:
+            mixed = int(tree.prompt_id[1:]) % 2 == 1
+            arms[tree.control] += ArmSums.of_tree(mixed=mixed, bare=2, turns=4)
+        expected = gain_ratio(arms[False], arms[True], "bare")
+        assert expected is not None and gain.per_bare_rollout is not None
+        assert gain.per_bare_rollout.ratio == pytest.approx(expected[0])
+        assert gain.per_bare_rollout.low == pytest.approx(expected[1])
+        assert stats.calibration is not None and stats.calibration.groups == 20
+
+        second = await engine.allocation.allocate(request(1, 0.5), None)
+        assert second.trust is not None and second.trust.groups == 20
+        info = await engine.evidence.describe(await (await engine.predictors.get("default")).info())
+        assert info.control is not None and info.control.rollouts == 40
+        assert info.trust is not None and info.trust.groups == 20
+
+
+async def test_a_share_of_zero_draws_no_control_and_reads_the_predictor_as_it_is(store_url: str) -> None:
+    async with running_engine(store_url) as engine:
+        allocation = await engine.allocation.allocate(request(0, 0.0), None)
+        assert allocation.trust is None and not any(tree.control for tree in allocation.trees)
+        await run(engine, allocation)
+        stats = await engine.stats.job_stats("default")
+        assert stats.gain is None and stats.calibration is None
+        assert stats.steps[0].control_trees == 0
+
+
+async def test_a_share_of_one_is_uniform_allocation(store_url: str) -> None:
+    async with running_engine(store_url) as engine:
+        allocation = await engine.allocation.allocate(request(0, 1.0, policy="pcl"), None)
+        assert all(tree.control for tree in allocation.trees)
+        assert sorted(t.rollouts for t in allocation.trees) == sorted(c for c in uniform_roots(40, 80) if c)
