@@ -74,6 +74,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.advantages import ADVANTAGES, exported_tree_advantages
 from bench.estimators import FinishedTree as ForestTree
 from bench.estimators import Query, oracle_estimator
+from bench.gain import checks, print_report
 from bench.harness import StepConfig, Strategy, run_step
 from bench.plotting import FIXED, line_colors
 from bench.protocol import (
@@ -92,8 +93,9 @@ from trace_lab.sim import FAMILIES, Prompt, RolloutState, make_workload
 from trace_lab.sim.base import PolicyWorkload
 from trace_lab.sim.tabular import softmax_rows as softmax  # π_θ(· | c) row by row
 from trace_lab.sim.workers import SimAgent, prompt_in
-from trace_proto import AllocateRequest, Policy
+from trace_proto import DEFAULT_CONTROL_SHARE, AllocateRequest, GainEstimate, Policy
 from trace_service.allocation import POLICIES
+from trace_service.allocation.gain import ArmSums
 from trace_service.tree import FreshnessEstimate, tree_targets
 
 FloatArray = npt.NDArray[np.float64]
@@ -283,6 +285,8 @@ class Arm:
     #: The share of M spent in a first wave over the pool, before the rest is allocated with the first
     #: wave's outcomes in the prompts' history (arm `<arm>+pilot`; 0: one allocation per step).
     pilot: float = 0.0
+    #: The request's control share ε (arm `<arm>~<share>`; the contract's default otherwise).
+    control_share: float = DEFAULT_CONTROL_SHARE
 
     @property
     def flat(self) -> bool:
@@ -308,20 +312,34 @@ class Arm:
 
 #: An arm named `<arm>+pilot` allocates twice per step (`Arm.pilot`).
 PILOT_SUFFIX = "+pilot"
+#: An arm named `<arm>~<share>` allocates with that control share (`Arm.control_share`).
+SHARE_MARK = "~"
 
 
 def variant_arm(name: str, known: dict[str, Arm], pilot_share: float) -> Arm | None:
-    """The ablation `name` names, None when it names none: `<arm>@<advantage>` trains on another tree
-    advantage; `<arm>+pilot` (an arm of the service, after any `@<advantage>`) allocates in two waves."""
-    piloted = name.endswith(PILOT_SUFFIX)
-    base, _, advantage = name.removesuffix(PILOT_SUFFIX).partition("@")
+    """The ablation `name` names, None when it names none: `<arm>~<share>` allocates with another control
+    share; `<arm>@<advantage>` trains on another tree advantage; `<arm>+pilot` (an arm of the service,
+    after any `@<advantage>`) allocates in two waves."""
+    named, _, share = name.partition(SHARE_MARK)
+    piloted = named.endswith(PILOT_SUFFIX)
+    base, _, advantage = named.removesuffix(PILOT_SUFFIX).partition("@")
     arm = known.get(base)
     if arm is None or base == UNIFORM or (advantage and advantage not in ADVANTAGES):
         return None
-    if piloted and arm.policy is None:
+    if (piloted or share) and arm.policy is None:
+        return None
+    try:
+        control_share = float(share) if share else arm.control_share
+    except ValueError:
+        return None
+    if not 0.0 <= control_share <= 1.0:
         return None
     return replace(
-        arm, name=name, advantage=advantage or arm.advantage, pilot=pilot_share if piloted else 0.0
+        arm,
+        name=name,
+        advantage=advantage or arm.advantage,
+        pilot=pilot_share if piloted else 0.0,
+        control_share=control_share,
     )
 
 
@@ -348,6 +366,11 @@ class Curve:
     turns: list[int] = field(default_factory=lambda: [0])
     mixed: list[int] = field(default_factory=list)
     active: list[int] = field(default_factory=list)
+    #: The sums of the arm's policy trees and of its control trees (`trace_service.allocation.gain`).
+    policy_trees: ArmSums = field(default_factory=ArmSums)
+    control_trees: ArmSums = field(default_factory=ArmSums)
+    #: The service's estimate of the arm's gain over uniform, read from its job's stats after the run.
+    estimate: GainEstimate | None = None
 
     @property
     def effective_ratio(self) -> float:
@@ -361,6 +384,8 @@ class StepOutcome:
     turns_spent: int
     mixed: int
     active: int
+    policy_trees: ArmSums = field(default_factory=ArmSums)
+    control_trees: ArmSums = field(default_factory=ArmSums)
 
 
 def success_at(costs: Sequence[float], success: Sequence[float], cost: float) -> float:
@@ -403,6 +428,8 @@ class ArmRun:
         curve.turns.append(curve.turns[-1] + outcome.turns_spent)
         curve.mixed.append(outcome.mixed)
         curve.active.append(outcome.active)
+        curve.policy_trees += outcome.policy_trees
+        curve.control_trees += outcome.control_trees
 
 
 class ServiceArm(ArmRun):
@@ -439,12 +466,18 @@ class ServiceArm(ArmRun):
             ],
             self.turn_weight,
         )
+        arms = {True: ArmSums(), False: ArmSums()}
+        for finished in trees:
+            tree = finished.tree
+            arms[tree.control] += ArmSums.of_tree(mixed=tree.mixed, bare=tree.rollouts, turns=len(tree.nodes))
         return StepOutcome(
             turns=turns,
             rollouts=sum(sum(node.reward is not None for node in finished.tree.nodes) for finished in trees),
             turns_spent=sum(len(finished.tree.nodes) for finished in trees),
             mixed=sum(finished.tree.mixed for finished in trees),
             active=len(trees),
+            policy_trees=arms[False],
+            control_trees=arms[True],
         )
 
     async def allocate_and_run(self, step: int, budget: int, pool: Sequence[Prompt]) -> list[FinishedTree]:
@@ -456,6 +489,7 @@ class ServiceArm(ArmRun):
             expansion=self.arm.expansion,
             max_rollouts=self.max_rollouts,
             policy=self.arm.policy,
+            control_share=self.arm.control_share,
             max_branch_depth=self.max_branch_depth,
             prompts=[prompt_in(prompt) for prompt in pool],
         )
@@ -648,6 +682,7 @@ async def run_family_seed(
                 file=sys.stderr,
             )
         for run in service_arms:
+            run.curve.estimate = (await run.client.job_stats(run.job)).gain
             await run.client.aclose()
     finally:
         service.stop()
@@ -913,6 +948,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(protocol_line(args, args.families))
     print_summary(results)
+    print_report(checks(results))
     for path in plot(results, args.out):
         print(f"plot: {path}")
     print(f"wall time {time.perf_counter() - started:.0f} s")
