@@ -58,6 +58,7 @@ import torch
 
 from bench.advantages import ADVANTAGES, exported_tree_advantages
 from bench.learning import (
+    SHARE_MARK,
     Arm,
     cost_to_reach,
     fresh_job,
@@ -74,7 +75,7 @@ from bench.protocol import comma_list, mean_spread
 from trace_client import AsyncTraceClient
 from trace_client.driver import DriverConfig, FinishedTree, History, RolloutDriver, TurnResult
 from trace_lab.local import ServiceProcess
-from trace_proto import AllocateRequest, Policy, PromptIn
+from trace_proto import DEFAULT_CONTROL_SHARE, AllocateRequest, Policy, PromptIn
 
 UNIFORM = "uniform"
 DEFAULT_ARMS = ("uniform", "dapo", "trace_joint", "trace")
@@ -85,6 +86,8 @@ DEFAULT_OUT = Path(__file__).resolve().parent.parent / "results"
 MAX_STEPS_FACTOR = 2
 #: Seconds the agent waits for the other rollouts' turns before sampling a batch.
 BATCH_WINDOW = 0.005
+#: What ends a rollout whose transcript the model's context can no longer hold (a failure).
+CONTEXT_EXHAUSTED = "context exhausted"
 
 
 # --- the policy ----------------------------------------------------------------------------------------
@@ -99,6 +102,11 @@ class LMPolicy:
         self.optimizer = torch.optim.Adam(model.parameters(), lr=lr)
         self.feature_dim = feature_dim
         self.generator = torch.Generator().manual_seed(seed)
+
+    def fits(self, prefix: Sequence[int]) -> bool:
+        """Whether the model's context holds the prefix and the task's longest action after it: a
+        transcript that does not ends its rollout as a failure (`CONTEXT_EXHAUSTED`)."""
+        return len(prefix) + self.task.max_action_chars + 1 <= self.model.config.max_len
 
     def act(
         self, prefixes: Sequence[Sequence[int]], *, greedy: bool = False
@@ -161,6 +169,10 @@ class TurnState:
     observation: str
 
 
+#: The turn that ends a rollout whose transcript the model cannot hold any longer (no action).
+EXHAUSTED = TurnState("", CONTEXT_EXHAUSTED)
+
+
 def history_turns(history: History) -> list[tuple[str, str]]:
     turns = []
     for turn in history.turns:
@@ -203,9 +215,15 @@ class LMAgent:
     def _turns(self, histories: Sequence[History]) -> list[TurnResult]:
         task = self.policy.task
         contexts = [(self.prompts[h.prompt.prompt_id], history_turns(h)) for h in histories]
-        acted = self.policy.act([vocab.prefix(prompt.text, turns) for prompt, turns in contexts])
+        prefixes = [vocab.prefix(prompt.text, turns) for prompt, turns in contexts]
+        room = [self.policy.fits(prefix) for prefix in prefixes]
+        acted = iter(self.policy.act([prefix for prefix, fits in zip(prefixes, room, strict=True) if fits]))
         results = []
-        for (prompt, turns), (tokens, features) in zip(contexts, acted, strict=True):
+        for (prompt, turns), fits in zip(contexts, room, strict=True):
+            if not fits:  # the model cannot read any more of this transcript: it ends, failed
+                results.append(TurnResult(text=CONTEXT_EXHAUSTED, done=True, reward=0.0, state=EXHAUSTED))
+                continue
+            tokens, features = next(acted)
             self.tokens += len(tokens)
             action = vocab.decode(tokens)
             observation = task.step(prompt, [*(a for a, _ in turns), action])
@@ -251,10 +269,12 @@ def training_sequences(
         turns = [finished.turns[node_id].state for node_id in reversed(path)]
         if not all(isinstance(turn, TurnState) for turn in turns):
             continue
+        if turns[-1] == EXHAUSTED:
+            continue  # a rollout ended for want of context: no action to train
         transcript = vocab.transcript(prompt.text, [(t.action, t.observation) for t in turns])  # type: ignore[union-attr]
-        sequences.append(
-            TrainingSequence(transcript.ids, (transcript.action_spans[-1],), float(node_advantage))
-        )
+        start, end = transcript.action_spans[-1]
+        # Cut after the action: what follows cannot change its log-probabilities, and need not fit.
+        sequences.append(TrainingSequence(transcript.ids[:end], ((start, end),), float(node_advantage)))
     return sequences
 
 
@@ -271,10 +291,14 @@ def play(policy: LMPolicy, prompts: Sequence[Prompt], *, greedy: bool) -> list[f
         live = [i for i, reward in enumerate(rewards) if reward is None]
         if not live:
             break
-        prefixes = [
-            vocab.prefix(prompts[i].text, list(zip(actions[i], observations[i], strict=True))) for i in live
-        ]
-        for i, (tokens, _) in zip(live, policy.act(prefixes, greedy=greedy), strict=True):
+        prefixes = {
+            i: vocab.prefix(prompts[i].text, list(zip(actions[i], observations[i], strict=True)))
+            for i in live
+        }
+        for i in [i for i in live if not policy.fits(prefixes[i])]:
+            rewards[i] = 0.0  # out of context: failed, as in training
+        live = [i for i in live if rewards[i] is None]
+        for i, (tokens, _) in zip(live, policy.act([prefixes[i] for i in live], greedy=greedy), strict=True):
             actions[i].append(vocab.decode(tokens))
             observation = task.step(prompts[i], actions[i])
             observations[i].append(observation.text)
@@ -366,20 +390,38 @@ class TokenCurve:
 
 def build_arms(names: Sequence[str], bare: int, expansion: float) -> list[Arm]:
     """uniform's flat groups at R = M + ⌊M·N⌋; every other name a policy at (M, N), or
-    ``<policy>@<variant>``: that policy trained on a `bench.advantages` variant."""
+    ``<policy>@<variant>``: that policy trained on a `bench.advantages` variant, and ``…~<share>``: with
+    that control share (the contract's default otherwise)."""
     total = bare + int(bare * expansion)
     arms = []
     for name in names:
-        policy, _, variant = name.partition("@")
+        named, _, share = name.partition(SHARE_MARK)
+        policy, _, variant = named.partition("@")
         if name == UNIFORM:
             arms.append(Arm(UNIFORM, Policy.UNIFORM, total, 0.0))
         else:
-            arms.append(Arm(name, Policy(policy), bare, expansion, advantage=variant or "service"))
+            arms.append(
+                Arm(
+                    name,
+                    Policy(policy),
+                    bare,
+                    expansion,
+                    advantage=variant or "service",
+                    control_share=float(share) if share else DEFAULT_CONTROL_SHARE,
+                )
+            )
     return arms
 
 
 def known_arm(name: str) -> bool:
-    policy, _, variant = name.partition("@")
+    named, marked, share = name.partition(SHARE_MARK)
+    policy, _, variant = named.partition("@")
+    if marked:
+        try:
+            if not 0.0 <= float(share) <= 1.0:
+                return False
+        except ValueError:
+            return False
     return policy in ALL_ARMS and (not variant or (policy != UNIFORM and variant in ADVANTAGES))
 
 
@@ -408,6 +450,7 @@ class ArmRun:
             expansion=self.arm.expansion,
             max_rollouts=self.args.max_rollouts,
             policy=self.arm.policy,
+            control_share=self.arm.control_share,
             prompts=[PromptIn(prompt_id=p.prompt_id, text=p.text) for p in pool],
         )
         result = await driver.run_step(request)
@@ -601,6 +644,19 @@ def summary(results: dict[str, dict[int, dict[str, TokenCurve]]]) -> list[str]:
     return lines
 
 
+def collapses(results: dict[str, dict[int, dict[str, TokenCurve]]]) -> list[str]:
+    """A line for every (task, seed, arm) whose last sampled accuracy fell below its warm start's: RL
+    made that arm's policy worse than where it began."""
+    return [
+        f"collapsed: {task} seed {seed} {name}: sampled pass@1 {curve.sampled[-1]:.3f} at its end, "
+        f"below its warm start's {curve.sampled[0]:.3f}"
+        for task, per_seed in results.items()
+        for seed, curves in per_seed.items()
+        for name, curve in curves.items()
+        if curve.sampled and curve.sampled[-1] < curve.sampled[0]
+    ]
+
+
 def plot(results: dict[str, dict[int, dict[str, TokenCurve]]], out: Path) -> list[Path]:
     import matplotlib
 
@@ -734,6 +790,7 @@ def main(argv: list[str] | None = None) -> None:
         f"N = {args.expansion:g}; d_model {args.d_model}, {args.layers} layers; equal generated tokens"
     )
     print("\n".join(summary(results)))
+    print("\n".join(collapses(results)) or "no arm ended below its warm start")
     for path in plot(results, args.out):
         print(f"plot: {path}")
     print(f"wall time {time.perf_counter() - started:.0f} s")

@@ -12,10 +12,23 @@ import torch
 
 from bench.learning import fresh_job
 from bench.lm import vocab
-from bench.lm.learn import LMPolicy, TurnState, WarmStart, main, training_sequences, warm_started
+from bench.lm.learn import (
+    CONTEXT_EXHAUSTED,
+    EXHAUSTED,
+    LMAgent,
+    LMPolicy,
+    TokenCurve,
+    TurnState,
+    WarmStart,
+    collapses,
+    main,
+    play,
+    training_sequences,
+    warm_started,
+)
 from bench.lm.model import ModelConfig, TinyLM
 from bench.lm.tasks import ToolArithmetic
-from trace_client.driver import FinishedTree, TurnResult
+from trace_client.driver import FinishedTree, History, TurnResult
 from trace_proto import AllocateRequest, PromptIn, TreeAllocation, TreeNode, TreeResponse, TreeStatus
 
 TINY = ModelConfig(vocab_size=vocab.VOCAB_SIZE, d_model=16, n_layers=1, n_heads=2, max_len=320)
@@ -56,7 +69,8 @@ def test_training_sequences_carry_each_action_with_its_advantage() -> None:
     assert [s.advantage for s in local] == [0.5, 0.0, -0.5]  # V̂(y) − V̂(parent), from the rewards
     second = branched[1]  # the turn after "a": its transcript replays "a" first, trains on its own action
     expected = vocab.transcript(prompt.text, [("CALL mul 2 a", "RESULT 6"), ("CALL mul 2 b", "RESULT 6")])
-    assert second.ids == expected.ids
+    # Cut after its action: the observation that follows changes nothing it is trained on.
+    assert second.ids == expected.ids[: expected.action_spans[1][1]]
     assert second.spans == (expected.action_spans[1],)
 
 
@@ -120,3 +134,33 @@ def test_an_arms_job_is_a_valid_job_whatever_its_name() -> None:
     assert len(jobs) == 3
     for job in jobs:
         AllocateRequest(job=job, step=0, prompts=[PromptIn(prompt_id="p", text="t")], budget=2)
+
+
+def test_a_transcript_past_the_context_ends_its_rollout_as_a_failure() -> None:
+    """Any valid task: a history the model's context cannot hold with one more action ends, failed,
+    in training and in evaluation alike, and trains no action; the run goes on."""
+    task = ToolArithmetic()
+    (prompt,) = task.sample_prompts(np.random.default_rng(0), 1)
+    short = ModelConfig(vocab_size=vocab.VOCAB_SIZE, d_model=16, n_layers=1, n_heads=2, max_len=64)
+    policy = LMPolicy(TinyLM(short), task, lr=1e-3, feature_dim=0, seed=0)
+    fresh = History(PromptIn(prompt_id=prompt.prompt_id, text=prompt.text), "t")
+    long = History(
+        fresh.prompt, "t", (TurnResult(text="x", state=TurnState("CALL mul 2 3", "RESULT 6 " * 4)),)
+    )
+    assert policy.fits(vocab.prefix(prompt.text, []))
+    assert not policy.fits(vocab.prefix(prompt.text, [("CALL mul 2 3", "RESULT 6 " * 4)]))
+    agent = LMAgent(policy, {prompt.prompt_id: prompt})
+    first, ended = agent._turns([fresh, long])
+    assert first.text != CONTEXT_EXHAUSTED
+    assert ended.done and ended.reward == 0.0 and ended.state == EXHAUSTED
+    assert all(reward in (0.0, 1.0) for reward in play(policy, [prompt] * 4, greedy=False))
+    nodes = [node("a", None, 0.0, -0.5, None), node("b", "a", 0.0, -0.5, 0.0)]
+    tree = finished(nodes, value=0.0)
+    tree.turns["b"] = TurnResult(text=CONTEXT_EXHAUSTED, done=True, reward=0.0, state=EXHAUSTED)
+    assert [s.advantage for s in training_sequences(tree, prompt, flat=False)] == [-0.5]  # "a" only
+
+
+def test_an_arm_that_ends_below_its_warm_start_is_reported() -> None:
+    fell, rose = TokenCurve(sampled=[0.4, 0.3]), TokenCurve(sampled=[0.4, 0.5])
+    (line,) = collapses({"arithmetic": {0: {"trace": fell, "uniform": rose}}})
+    assert "arithmetic seed 0 trace" in line and "0.300" in line and "0.400" in line
