@@ -306,15 +306,18 @@ JOINT_SHARING = Sharing(kept=0.5, agreeing_depth=1)
 
 @dataclass(frozen=True)
 class PolicyRules:
-    """One policy: its Stage 1 rule, its Stage 2 rule, whether its trainer keeps only mixed groups, and
-    how its trees share one continuation budget per allocation (``sharing``, ``reserve``: a tree whose
-    bare rollouts already disagree leaves its pooled part to those whose bare rollouts agree; None: each
-    tree spends its own share)."""
+    """One policy: its Stage 1 rule, its Stage 2 rule, whether its trainer keeps only mixed groups, how
+    its trees share one continuation budget per allocation (``sharing``, ``reserve``: a tree whose bare
+    rollouts already disagree leaves its pooled part to those whose bare rollouts agree; None: each
+    tree spends its own share), and whether its rules read Ṽ through the job's trust maps
+    (``calibrated``, ``allocation.trust``: fitted to the job's evidence, so that a predictor with no
+    skill on the job yields uniform's allocation) or as the predictor gives it."""
 
     roots: RootRule
     prefixes: PrefixRule
     keeps_only_mixed_groups: bool = False
     sharing: Sharing | None = None
+    calibrated: bool = False
 
     @property
     def needs(self) -> frozenset[Need]:
@@ -328,12 +331,13 @@ class PolicyRules:
 
 POLICIES: Mapping[Policy, PolicyRules] = MappingProxyType(
     {
-        Policy.TRACE: PolicyRules(TRACE_ROOTS, TRACE_PREFIXES),
+        Policy.TRACE: PolicyRules(TRACE_ROOTS, TRACE_PREFIXES, calibrated=True),
+        # The paper's rules read the predictor as it is.
         Policy.TRACE_PAPER: PolicyRules(TRACE_ROOTS, TRACE_PREFIXES),
-        Policy.TRACE_JOINT: PolicyRules(JOINT_ROOTS, TRACE_PREFIXES, sharing=JOINT_SHARING),
-        Policy.TRACE_SHARED: PolicyRules(JOINT_ROOTS, TRACE_PREFIXES, sharing=Sharing()),
-        Policy.TRACE_ROOT: PolicyRules(TRACE_ROOTS, RANDOM_PREFIXES),
-        Policy.TRACE_PREFIX: PolicyRules(UNIFORM_ROOTS, TRACE_PREFIXES),
+        Policy.TRACE_JOINT: PolicyRules(JOINT_ROOTS, TRACE_PREFIXES, sharing=JOINT_SHARING, calibrated=True),
+        Policy.TRACE_SHARED: PolicyRules(JOINT_ROOTS, TRACE_PREFIXES, sharing=Sharing(), calibrated=True),
+        Policy.TRACE_ROOT: PolicyRules(TRACE_ROOTS, RANDOM_PREFIXES, calibrated=True),
+        Policy.TRACE_PREFIX: PolicyRules(UNIFORM_ROOTS, TRACE_PREFIXES, calibrated=True),
         Policy.UNIFORM: PolicyRules(UNIFORM_ROOTS, EVEN_PREFIXES),
         Policy.DAPO: PolicyRules(UNIFORM_ROOTS, EVEN_IF_MIXED_PREFIXES, keeps_only_mixed_groups=True),
         Policy.GRESO: PolicyRules(GRESO_ROOTS, EVEN_PREFIXES),

@@ -1,5 +1,6 @@
-"""What a job's control trees say: the trust map Stage 1 reads the predictor through, and the
-predictor's calibration on control prompts (``trace_service.allocation.trust``)."""
+"""What a job's evidence says (``trace_service.allocation.trust``): the trust map Stage 1 reads the
+predictor through and the predictor's calibration on control prompts, from its control trees; the trust
+map Stage 2 reads it through, from its first-round candidates and the bare outcomes below them."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 from trace_proto import ControlCalibration, PredictorInfo, TrustMap
 from trace_service.allocation.trust import Trust, control_calibration, fit_trust
 from trace_service.offload import off_loop
-from trace_service.store import ControlOutcome, TreeStore
+from trace_service.store import Evidence, TreeStore
 
 
 class ControlEvidence:
@@ -18,9 +19,14 @@ class ControlEvidence:
         self.store = store
 
     async def trust(self, job: str) -> Trust:
-        """The trust map fitted to the job's control groups (every prediction alike before any)."""
+        """Stage 1's trust map, fitted to the job's control groups (every prediction alike before any)."""
         outcomes = await self.store.control_outcomes(job)
         return await off_loop(len(outcomes), _fitted, outcomes)
+
+    async def prefix_trust(self, job: str) -> Trust:
+        """Stage 2's trust map, fitted to the evidence of the job's first-round candidates."""
+        evidence = await self.store.prefix_evidence(job)
+        return await off_loop(len(evidence), _fitted, evidence)
 
     async def calibration(self, job: str) -> ControlCalibration | None:
         """The predictor's Brier score on the job's control groups against one constant's; None before
@@ -29,13 +35,20 @@ class ControlEvidence:
 
     async def describe(self, info: PredictorInfo) -> PredictorInfo:
         """``info`` (GET /v1/predictor) with the predictor on its job's control prompts and the trust
-        map Stage 1 applies now."""
+        maps the stages of a calibrated policy apply now."""
         outcomes = await self.store.control_outcomes(info.job)
         trust = await off_loop(len(outcomes), _fitted, outcomes)
-        return info.model_copy(update={"control": _calibration(outcomes), "trust": trust_map(trust)})
+        prefix_trust = await self.prefix_trust(info.job)
+        return info.model_copy(
+            update={
+                "control": _calibration(outcomes),
+                "trust": trust_map(trust),
+                "prefix_trust": trust_map(prefix_trust),
+            }
+        )
 
 
-def _calibration(outcomes: list[ControlOutcome]) -> ControlCalibration | None:
+def _calibration(outcomes: list[Evidence]) -> ControlCalibration | None:
     if not outcomes:
         return None
     measured = control_calibration(*_columns(outcomes))
@@ -59,7 +72,7 @@ def trust_map(trust: Trust) -> TrustMap:
     )
 
 
-def _columns(outcomes: list[ControlOutcome]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _columns(outcomes: list[Evidence]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return (
         np.array([o.predicted for o in outcomes], dtype=np.float64),
         np.array([o.successes for o in outcomes], dtype=np.float64),
@@ -67,5 +80,5 @@ def _columns(outcomes: list[ControlOutcome]) -> tuple[np.ndarray, np.ndarray, np
     )
 
 
-def _fitted(outcomes: list[ControlOutcome]) -> Trust:
+def _fitted(outcomes: list[Evidence]) -> Trust:
     return fit_trust(*_columns(outcomes))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from transformers import GenerationConfig
 from trl.data_utils import is_conversational
 from trl.models.utils import unwrap_model_for_generation
 
-from trace_client import AsyncTraceClient
+from trace_client import AsyncTraceClient, TraceError
 from trace_client.driver import (
     DriverConfig,
     FinishedTree,
@@ -26,6 +27,7 @@ from trace_client.driver import (
     TurnResult,
     TurnTokens,
 )
+from trace_client.integrations.gain import gain_metrics
 from trace_client.integrations.trl.rows import (
     PackedSlot,
     TrainingRow,
@@ -35,8 +37,10 @@ from trace_client.integrations.trl.rows import (
     safe_budget,
     training_rows,
 )
-from trace_proto import AllocateRequest, AllocateResponse, Policy, PromptIn
+from trace_proto import DEFAULT_CONTROL_SHARE, AllocateRequest, AllocateResponse, JobStats, Policy, PromptIn
 from trace_proto.v1.limits import MAX_TEXT_LENGTH
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from trl.trainer.grpo_config import GRPOConfig
@@ -66,6 +70,8 @@ class TraceSettings:
             the batch (`safe_budget`); a larger one fails a step whose rows do not fit.
         expansion: Stage 2 continuations per bare rollout (`N`).
         policy: The allocation policy (`trace`, or `uniform` for the baseline at the same budget).
+        control_share: The share of the budget spent on control trees, the random sample of uniform's
+            allocation the job's gain (`trace/gain/*`) is measured on and Stage 1's trust is fitted to.
         min_rollouts / max_rollouts: Bare rollouts of a selected prompt.
         max_turns: Most turns of one rollout; the default turn ends the rollout at this turn.
         turn_tokens: The default turn: at most this many generated tokens (a long answer is cut into
@@ -81,6 +87,7 @@ class TraceSettings:
     budget: int | None = None
     expansion: float = 1.0
     policy: Policy | str = Policy.TRACE
+    control_share: float = DEFAULT_CONTROL_SHARE
     min_rollouts: int = 2
     max_rollouts: int = 16
     max_turns: int = 8
@@ -98,6 +105,7 @@ class TraceStep:
     rows: list[TrainingRow]
     slots: int
     capacity: int
+    stats: JobStats | None = None
 
     def metrics(self) -> dict[str, float]:
         """What the reward function logs under `trace/` (TRL's own `reward` is the rows' advantages)."""
@@ -119,6 +127,7 @@ class TraceStep:
             "trace/reward": sum(rewards) / len(rewards) if rewards else 0.0,  # per rollout's leaf
             "trace/rows": float(len(self.rows)),
             "trace/row_fill": len(self.rows) / self.capacity,
+            **gain_metrics(self.allocation, self.stats),
         }
 
 
@@ -225,18 +234,19 @@ class TraceRollout:
             min_rollouts=self.settings.min_rollouts,
             max_rollouts=self.settings.max_rollouts,
             policy=Policy(self.settings.policy),
+            control_share=self.settings.control_share,
             prompts=pool,
         )
         self._trainer = trainer
         try:
             # a thread of its own: the step's event loop must not meet one the caller may be running
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trace-step") as runner:
-                result = runner.submit(asyncio.run, self._run_step(request)).result()
+                result, stats = runner.submit(asyncio.run, self._run_step(request)).result()
         finally:
             self._trainer = None
         rows = [row for finished in result.trees for row in self._rows(finished)]
         packed = pack_rows(rows, slots, group_size)
-        step = TraceStep(result.allocation, result, rows, slots, capacity)
+        step = TraceStep(result.allocation, result, rows, slots, capacity, stats)
         self.last_step = step
         self._metrics = step.metrics()
         return self._trl_output(packed, tokenizer.pad_token_id)
@@ -381,7 +391,9 @@ class TraceRollout:
             )
         return fits
 
-    async def _run_step(self, request: AllocateRequest) -> StepResult:
+    async def _run_step(self, request: AllocateRequest) -> tuple[StepResult, JobStats | None]:
+        """The step's trees, and the job's statistics after them (None when the service could not
+        answer: the step keeps its trees, the log loses the gain figures)."""
         batcher = self._batcher = _GenerationBatcher(self._generate_batch)
         config = DriverConfig(
             concurrency=self.settings.concurrency,
@@ -392,12 +404,17 @@ class TraceRollout:
             async with AsyncTraceClient(self.settings.url, token=self.settings.token) as client:
                 driver = RolloutDriver(client, self.next_turn, score=self.score, config=config)
                 result = await driver.run_step(request)
+                stats: JobStats | None = None
+                try:
+                    stats = await client.job_stats(request.job)
+                except TraceError as error:
+                    logger.warning("no trace/gain metrics this step: %s", error)
         finally:
             self._batcher = None
         # the driver fails only the rollouts that met it; a model that cannot generate fails the step
         if batcher.error is not None:
             raise RuntimeError("generating the step's turns failed") from batcher.error
-        return result
+        return result, stats
 
     def _rows(self, finished: FinishedTree) -> list[TrainingRow]:
         return training_rows(finished, self._prompts[finished.prompt.prompt_id][1])

@@ -80,8 +80,10 @@ from trace_client.integrations.verl.replay_buffer import (
     TraceReplayBufferAsync,
 )
 from trace_proto import (
+    DEFAULT_CONTROL_SHARE,
     AllocateRequest,
     AllocateResponse,
+    JobStats,
     Policy,
     PredictorInfo,
     PromptIn,
@@ -181,6 +183,8 @@ class TraceSettings:
             refill) gets its share, at least `min_rollouts`.
         expansion: Stage 2 continuations per bare rollout a prompt may branch.
         policy: `trace` or `uniform` (the same budget spread evenly: the baseline).
+        control_share: The share of the budget spent on control trees, the random sample of uniform's
+            allocation the job's gain (`trace/gain/*`) is measured on and Stage 1's trust is fitted to.
         min_rollouts / max_rollouts: Bare rollouts of a selected prompt.
         prompt_id_key: The row field that names a prompt across steps (default: `data_source` and
             `index` together, else a hash of the prompt's messages).
@@ -192,6 +196,8 @@ class TraceSettings:
             `TraceAgentLoop` registered under another name, such as the dry run's `trace_sim`).
         predictor_metrics: Ask the service for its predictor's quality (`GET /v1/predictor`, one call
             a step) for the `trace/predictor/*` metrics; the version is logged either way.
+        gain_metrics: Ask the service for the job's gain over uniform (`GET /v1/jobs/{job}/stats`, one
+            call a step) for the `trace/gain/*` and `trace/control/*` metrics.
     """
 
     url: str = "http://localhost:8000"
@@ -200,6 +206,7 @@ class TraceSettings:
     budget: int | None = None
     expansion: float = 1.0
     policy: str = "trace"
+    control_share: float = DEFAULT_CONTROL_SHARE
     min_rollouts: int = 2
     max_rollouts: int = 16
     prompt_id_key: str | None = None
@@ -209,6 +216,7 @@ class TraceSettings:
     tree_timeout: float = 3600.0
     agent_loop: str = TRACE
     predictor_metrics: bool = True
+    gain_metrics: bool = True
 
     @classmethod
     def from_config(cls, config: DictConfig) -> TraceSettings:
@@ -374,6 +382,7 @@ def allocate_batch(batch: TensorDict, config: DictConfig, client: TraceClient, s
         min_rollouts=settings.min_rollouts,
         max_rollouts=settings.max_rollouts,
         policy=Policy(settings.policy),
+        control_share=settings.control_share,
         prompts=list(pool.values()),
     )
     allocation = client.allocate(request)
@@ -407,9 +416,21 @@ class TraceAgentLoopManager(AgentLoopManagerTQ):
             allocation = annotate_batch(prompts, self.config, self.trace_client)
             # v1's manager returns nothing to the trainer: the step's figures reach verl's metrics
             # through the replay buffer (see `replay_buffer`)
-            figures = AllocationFigures.of(allocation.response, self.predictor_info())
+            figures = AllocationFigures.of(allocation.response, self.predictor_info(), self.job_stats())
             ALLOCATIONS.publish(allocation.response.step, figures, groups=len(allocation.prompt_ids))
         super().generate_sequences(prompts)
+
+    def job_stats(self) -> JobStats | None:
+        """The job's statistics (its gain over uniform), when `trace.gain_metrics` asks for them; a
+        failed call costs the step its figures, not the training."""
+        settings = TraceSettings.from_config(self.config)
+        if not settings.gain_metrics:
+            return None
+        try:
+            return self.trace_client.job_stats(settings.job_name(self.config))
+        except TraceError as error:
+            logger.warning("no trace/gain metrics this step: %s", error)
+            return None
 
     def predictor_info(self) -> PredictorInfo | None:
         """The job's predictor's quality figures, when `trace.predictor_metrics` asks for them; a failed

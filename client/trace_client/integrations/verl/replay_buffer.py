@@ -21,7 +21,7 @@ import math
 import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import transfer_queue as tq
@@ -29,7 +29,8 @@ from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 from verl.utils import tensordict_utils as tu
 
-from trace_proto import AllocateResponse, PredictorInfo
+from trace_client.integrations.gain import GAIN_METRICS, gain_metrics
+from trace_proto import AllocateResponse, JobStats, PredictorInfo
 
 #: verl's TransferQueue partition of the training trajectories.
 TRAIN_PARTITION: Final = "train"
@@ -59,6 +60,7 @@ TRACE_METRICS: Final = {
     "trace/predictor/brier": "held-out Brier score (absent until measured)",
     "trace/predictor/ece": "held-out expected calibration error (absent until measured)",
     "trace/predictor/spearman": "held-out rank correlation (absent until measured)",
+    **GAIN_METRICS,
 }
 
 
@@ -73,9 +75,16 @@ class AllocationFigures:
     expected_mixed: float
     predictor_version: int
     predictor: PredictorInfo | None = None
+    #: The job's gain over uniform and trust in the predictor (`trace_client.integrations.gain`).
+    gain: Mapping[str, float] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, allocation: AllocateResponse, predictor: PredictorInfo | None = None) -> AllocationFigures:
+    def of(
+        cls,
+        allocation: AllocateResponse,
+        predictor: PredictorInfo | None = None,
+        stats: JobStats | None = None,
+    ) -> AllocationFigures:
         return cls(
             prompts=len(allocation.trees) + len(allocation.skipped),
             skipped_prompts=len(allocation.skipped),
@@ -84,6 +93,7 @@ class AllocationFigures:
             expected_mixed=allocation.expected_mixed,
             predictor_version=allocation.predictor_version,
             predictor=predictor,
+            gain=gain_metrics(allocation, stats),
         )
 
     def plus(self, other: AllocationFigures) -> AllocationFigures:
@@ -96,6 +106,7 @@ class AllocationFigures:
             continuations_promised=self.continuations_promised + other.continuations_promised,
             expected_mixed=self.expected_mixed + other.expected_mixed,
             predictor=other.predictor or self.predictor,
+            gain=other.gain or self.gain,
         )
 
     def metrics(self) -> dict[str, float]:
@@ -106,6 +117,7 @@ class AllocationFigures:
             "trace/continuations_promised": self.continuations_promised,
             "trace/expected_mixed": self.expected_mixed,
             "trace/predictor/version": self.predictor_version,
+            **self.gain,
         }
         if self.predictor is not None:
             figures["trace/predictor/examples_seen"] = self.predictor.examples_seen
