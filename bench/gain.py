@@ -32,6 +32,8 @@ class GainCurve(Protocol):
     def control_trees(self) -> ArmSums: ...
     @property
     def estimate(self) -> GainEstimate | None: ...
+    @property
+    def trust(self) -> tuple[float | None, float | None]: ...
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class Check:
     unit: str
     estimate: GainRatio | None
     measured: float | None
+    trust: tuple[float | None, float | None] = (None, None)
 
     @property
     def covered(self) -> bool | None:
@@ -68,7 +71,15 @@ def checks(results: Mapping[str, Mapping[int, Mapping[str, GainCurve]]]) -> list
                     measured = gain_ratio(curve.policy_trees, uniform, unit)
                     estimate = curve.estimate.per_bare_rollout if unit == "bare" else curve.estimate.per_turn
                     found.append(
-                        Check(family, seed, name, label, estimate, None if measured is None else measured[0])
+                        Check(
+                            family,
+                            seed,
+                            name,
+                            label,
+                            estimate,
+                            None if measured is None else measured[0],
+                            curve.trust,
+                        )
                     )
     return found
 
@@ -91,7 +102,8 @@ def print_report(found: Sequence[Check]) -> None:
         measured = "—" if check.measured is None else f"{check.measured:.2f}"
         covered = {None: "—", True: "yes", False: "no"}[check.covered]
         row = f"{check.family:<11} {check.seed:>4} {check.arm:<16} {check.unit:<17}"
-        print(f"{row} {cell:>22} {measured:>9} {covered}")
+        trust = ", ".join("—" if slope is None else f"{slope:.2f}" for slope in check.trust)
+        print(f"{row} {cell:>22} {measured:>9} {covered:>7} {trust:>20}")
     decided = [check for check in found if check.covered is not None]
     for _, label in UNITS:
         runs = [check for check in decided if check.unit == label]

@@ -369,8 +369,10 @@ class Curve:
     #: The sums of the arm's policy trees and of its control trees (`trace_service.allocation.gain`).
     policy_trees: ArmSums = field(default_factory=ArmSums)
     control_trees: ArmSums = field(default_factory=ArmSums)
-    #: The service's estimate of the arm's gain over uniform, read from its job's stats after the run.
+    #: The service's estimate of the arm's gain over uniform, read from its job's stats after the run,
+    #: and the slopes of the trust maps its predictor was read through then (root, prefix).
     estimate: GainEstimate | None = None
+    trust: tuple[float | None, float | None] = (None, None)
 
     @property
     def effective_ratio(self) -> float:
@@ -683,6 +685,8 @@ async def run_family_seed(
             )
         for run in service_arms:
             run.curve.estimate = (await run.client.job_stats(run.job)).gain
+            info = await run.client.predictor_info(run.job)
+            run.curve.trust = tuple(None if t is None else t.slope for t in (info.trust, info.prefix_trust))  # type: ignore[assignment]
             await run.client.aclose()
     finally:
         service.stop()
