@@ -221,6 +221,7 @@ def test_a_shared_draw_interrupted_is_drawn_once(
             budget=4,
             expansion=1.0,
             policy=Policy.TRACE_SHARED,
+            control_share=0.0,
             prompts=[PromptIn(prompt_id="p1"), PromptIn(prompt_id="p2")],
         )
         donor, taker = client.allocate(request).trees

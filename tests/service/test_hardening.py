@@ -47,7 +47,10 @@ async def test_an_event_with_unusable_features_is_refused_and_its_tree_goes_on(s
 async def test_a_stage2_decision_that_fails_falls_back_and_is_counted(store_url: str) -> None:
     async with running_engine(store_url) as engine:
         allocation = await engine.allocation.allocate(
-            AllocateRequest(step=0, budget=2, expansion=2.0, prompts=[PromptIn(prompt_id="p")]), None
+            AllocateRequest(
+                step=0, budget=2, expansion=2.0, control_share=0.0, prompts=[PromptIn(prompt_id="p")]
+            ),
+            None,
         )
         tree = allocation.trees[0]
         # Stored before validation existed: features the predictor cannot use, on the store directly.
@@ -329,6 +332,7 @@ async def test_dapo_filters_a_group_whose_rewards_all_agree() -> None:
             budget=4,
             expansion=2.0,
             policy=Policy.DAPO,
+            control_share=0.0,
             prompts=[PromptIn(prompt_id="agree"), PromptIn(prompt_id="mixed")],
         )
         agree, mixed = (await engine.allocation.allocate(request, None)).trees
