@@ -33,7 +33,7 @@ class GainCurve(Protocol):
     @property
     def estimate(self) -> GainEstimate | None: ...
     @property
-    def trust(self) -> tuple[float | None, float | None]: ...
+    def trust(self) -> float | None: ...
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class Check:
     unit: str
     estimate: GainRatio | None
     measured: float | None
-    trust: tuple[float | None, float | None] = (None, None)
+    trust: float | None = None
 
     @property
     def covered(self) -> bool | None:
@@ -102,8 +102,8 @@ def print_report(found: Sequence[Check]) -> None:
         measured = "—" if check.measured is None else f"{check.measured:.2f}"
         covered = {None: "—", True: "yes", False: "no"}[check.covered]
         row = f"{check.family:<11} {check.seed:>4} {check.arm:<16} {check.unit:<17}"
-        trust = ", ".join("—" if slope is None else f"{slope:.2f}" for slope in check.trust)
-        print(f"{row} {cell:>22} {measured:>9} {covered:>7} {trust:>20}")
+        trust = "—" if check.trust is None else f"{check.trust:.2f}"
+        print(f"{row} {cell:>22} {measured:>9} {covered:>7} {trust:>11}")
     decided = [check for check in found if check.covered is not None]
     for _, label in UNITS:
         runs = [check for check in decided if check.unit == label]

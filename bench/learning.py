@@ -370,9 +370,9 @@ class Curve:
     policy_trees: ArmSums = field(default_factory=ArmSums)
     control_trees: ArmSums = field(default_factory=ArmSums)
     #: The service's estimate of the arm's gain over uniform, read from its job's stats after the run,
-    #: and the slopes of the trust maps its predictor was read through then (root, prefix).
+    #: and the slope of the trust map its Stage 1 read the predictor through then.
     estimate: GainEstimate | None = None
-    trust: tuple[float | None, float | None] = (None, None)
+    trust: float | None = None
 
     @property
     def effective_ratio(self) -> float:
@@ -686,7 +686,7 @@ async def run_family_seed(
         for run in service_arms:
             run.curve.estimate = (await run.client.job_stats(run.job)).gain
             info = await run.client.predictor_info(run.job)
-            run.curve.trust = tuple(None if t is None else t.slope for t in (info.trust, info.prefix_trust))  # type: ignore[assignment]
+            run.curve.trust = None if info.trust is None else info.trust.slope
             await run.client.aclose()
     finally:
         service.stop()

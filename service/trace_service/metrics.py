@@ -339,7 +339,7 @@ class Metrics:
             (self.trees_completed, (("true",), ("false",))),
             *((family, tuple((arm,) for arm in ARMS)) for family in self.arm_families),
             (self.gain_ratio, tuple((u, b) for u in GAIN_UNITS for b in GAIN_BOUNDS)),
-            (self.trust_slope, (("root",), ("prefix",))),
+            (self.trust_slope, ((),)),
             (self.control_brier_skill, ((),)),
             (self.effective_ratio, ((),)),
             (self.predictor_version, ((),)),
@@ -383,9 +383,9 @@ class Metrics:
         )
         self.trust_slope = Gauge(
             "trace_trust_slope",
-            "The slope of the trust map a stage (root or prefix) read the predictor through at the job's "
-            "last allocation (0: every prediction alike, uniform's allocation; 1: the predictor as it is).",
-            [JOB_LABEL, "stage"],
+            "The slope of the trust map Stage 1 read the predictor through at the job's last allocation "
+            "(0: uniform's allocation; 1: the predictor as it is).",
+            [JOB_LABEL],
             registry=registry,
         )
         self.control_brier_skill = Gauge(

@@ -65,12 +65,6 @@ class Settings(BaseSettings):
         description="A job's most recent control groups that its trust map and its calibration on "
         "control prompts are fitted to (older ones are forgotten: the policy moves on).",
     )
-    prefix_window: int = Field(
-        default=4096,
-        ge=1,
-        description="A job's most recent Stage 2 candidates (their prediction and the bare outcomes below "
-        "them) that the trust Stage 2 puts in the predictor is fitted to.",
-    )
 
     # Predictor
     predictor_device: str = Field(default="auto", description="auto, cpu or cuda[:n].")

@@ -89,6 +89,12 @@ async def test_a_share_of_zero_draws_no_control_and_reads_the_predictor_as_it_is
         assert stats.steps[0].control_trees == 0
 
 
+async def test_the_papers_rules_read_the_predictor_as_it_is(store_url: str) -> None:
+    async with running_engine(store_url) as engine:
+        allocation = await engine.allocation.allocate(request(0, 0.5, policy="trace_paper"), None)
+        assert allocation.trust is None and sum(tree.control for tree in allocation.trees) == 20
+
+
 async def test_a_share_of_one_is_uniform_allocation(store_url: str) -> None:
     async with running_engine(store_url) as engine:
         allocation = await engine.allocation.allocate(request(0, 1.0, policy="pcl"), None)

@@ -480,8 +480,8 @@ async def test_a_finished_tree_is_counted_once(store: TreeStore) -> None:
     batch = await settle_bare(store, "t1")
     assert batch.meta is not None
     assert await store.uncounted(JOB, ["t1", "t2"]) == ["t1", "t2"]
-    assert await store.record_prompt_outcome(batch.meta, controls_kept=16, prefixes_kept=64)
-    assert not await store.record_prompt_outcome(batch.meta, controls_kept=16, prefixes_kept=64)
+    assert await store.record_prompt_outcome(batch.meta, 16)
+    assert not await store.record_prompt_outcome(batch.meta, 16)
     assert await store.uncounted(JOB, ["t1", "t2"]) == ["t2"]
     [outcomes] = await store.prompt_outcomes(JOB, ["p-t1"])
     assert (outcomes.successes, outcomes.trials, outcomes.zero_variance_streak) == (1, 2, 0)
@@ -496,12 +496,12 @@ async def test_control_groups_are_kept_newest_first_and_capped(store: TreeStore)
         await store.create_trees([new_tree(f"c{n}", control=True, predicted=0.1 * (n + 1))], now=1.0)
         batch = await settle_bare(store, f"c{n}")
         assert batch.meta is not None and batch.meta.control
-        assert await store.record_prompt_outcome(batch.meta, controls_kept=3, prefixes_kept=8)
-        assert not await store.record_prompt_outcome(batch.meta, controls_kept=3, prefixes_kept=8)
+        assert await store.record_prompt_outcome(batch.meta, 3)
+        assert not await store.record_prompt_outcome(batch.meta, 3)
     await store.create_trees([new_tree("t1")], now=1.0)
     batch = await settle_bare(store, "t1")
     assert batch.meta is not None
-    await store.record_prompt_outcome(batch.meta, controls_kept=3, prefixes_kept=8)
+    await store.record_prompt_outcome(batch.meta, 3)
     kept = await store.control_outcomes(JOB)
     assert [o.predicted for o in kept] == pytest.approx([0.4, 0.3, 0.2])
     assert {(o.successes, o.trials) for o in kept} == {(1, 2)}
@@ -514,7 +514,7 @@ async def test_every_key_the_store_writes_expires(store: TreeStore) -> None:
     await store.create_trees([new_tree("c1", control=True)], now=1.0)
     control = await settle_bare(store, "c1")
     assert control.meta is not None
-    await store.record_prompt_outcome(control.meta, controls_kept=16, prefixes_kept=64)
+    await store.record_prompt_outcome(control.meta, 16)
     await store.create_trees([new_tree("t1", budget=2)], now=1.0)
     await store.index_allocation(JOB, 3, "alloc", 2, ["t1"], 2, now=1.0)
     await store.remember_response(JOB, "idem", "fingerprint", "{}")
@@ -526,7 +526,7 @@ async def test_every_key_the_store_writes_expires(store: TreeStore) -> None:
     await store.claim_instructions(JOB, max_items=10, lease=5.0, now=10.0)
     done = await apply(store, "t1", [turn("t1", "c1", "a1", instruction_id="i1", reward=1.0)], now=20.0)
     assert done.completed and done.meta is not None
-    await store.record_prompt_outcome(done.meta, controls_kept=16, prefixes_kept=64)
+    await store.record_prompt_outcome(done.meta, 16)
     await store.push_completed(JOB, "t1")
     await store.publish_weights(JOB, 1, b"weights")
     await store.save_predictor(JOB, b"whole")
@@ -611,7 +611,7 @@ async def test_prompt_histories_keep_the_streak_of_groups_with_one_outcome(store
         await store.create_trees([dataclasses.replace(spec, prompt_id="p", step=step)], now=1.0)
         done = await apply(store, tree_id, [turn(tree_id, f"n{i}", reward=r) for i, r in enumerate(rewards)])
         assert done.meta is not None
-        assert await store.record_prompt_outcome(done.meta, controls_kept=16, prefixes_kept=64)
+        assert await store.record_prompt_outcome(done.meta, 16)
         [history] = await store.prompt_outcomes(JOB, ["p"])
         expected_successes, expected_streak = [(2, 1), (4, 2), (5, 0)][step]
         assert (history.successes, history.trials) == (expected_successes, 2 * step + 2)

@@ -264,14 +264,8 @@ class AllocateResponse(ResponseModel):
     budget: Count = Field(description="`M` as requested.")
     trust: TrustMap | None = Field(
         default=None,
-        description="The calibration map Stage 1 applied to Ṽ at the roots, fitted to the job's control "
-        "trees; null when the policy reads the predictor as it is or the request's control share is 0.",
-    )
-    prefix_trust: TrustMap | None = Field(
-        default=None,
-        description="The calibration map the trees' Stage 2 applies to Ṽ at prefixes, fitted to earlier "
-        "trees' first-round candidates and the bare outcomes below them; null when the policy reads the "
-        "predictor as it is.",
+        description="The calibration map Stage 1 applied to Ṽ, fitted to the job's control trees; null when "
+        "the policy reads the predictor as it is (`trace_paper`, the baselines) or the control share is 0.",
     )
 
     @computed_field  # type: ignore[prop-decorator]

@@ -77,13 +77,7 @@ class PredictorInfo(ResponseModel):
         "the policy chose); null before any control tree.",
     )
     trust: TrustMap | None = Field(
-        default=None,
-        description="The calibration map Stage 1 of a calibrated policy (`trace`) applies to Ṽ now, fitted "
-        "to those controls.",
-    )
-    prefix_trust: TrustMap | None = Field(
-        default=None,
-        description="The calibration map Stage 2 of a calibrated policy applies to Ṽ at prefixes now.",
+        default=None, description="The calibration map Stage 1 applies to Ṽ now, fitted to those controls."
     )
 
 

@@ -309,8 +309,8 @@ class PolicyRules:
     """One policy: its Stage 1 rule, its Stage 2 rule, whether its trainer keeps only mixed groups, how
     its trees share one continuation budget per allocation (``sharing``, ``reserve``: a tree whose bare
     rollouts already disagree leaves its pooled part to those whose bare rollouts agree; None: each
-    tree spends its own share), and whether its rules read Ṽ through the job's trust maps
-    (``calibrated``, ``allocation.trust``: fitted to the job's evidence, so that a predictor with no
+    tree spends its own share), and whether its Stage 1 reads Ṽ through the job's trust map
+    (``calibrated``, ``allocation.trust``: fitted to the job's control trees, so that a predictor with no
     skill on the job yields uniform's allocation) or as the predictor gives it."""
 
     roots: RootRule
@@ -337,7 +337,7 @@ POLICIES: Mapping[Policy, PolicyRules] = MappingProxyType(
         Policy.TRACE_JOINT: PolicyRules(JOINT_ROOTS, TRACE_PREFIXES, sharing=JOINT_SHARING, calibrated=True),
         Policy.TRACE_SHARED: PolicyRules(JOINT_ROOTS, TRACE_PREFIXES, sharing=Sharing(), calibrated=True),
         Policy.TRACE_ROOT: PolicyRules(TRACE_ROOTS, RANDOM_PREFIXES, calibrated=True),
-        Policy.TRACE_PREFIX: PolicyRules(UNIFORM_ROOTS, TRACE_PREFIXES, calibrated=True),
+        Policy.TRACE_PREFIX: PolicyRules(UNIFORM_ROOTS, TRACE_PREFIXES),
         Policy.UNIFORM: PolicyRules(UNIFORM_ROOTS, EVEN_PREFIXES),
         Policy.DAPO: PolicyRules(UNIFORM_ROOTS, EVEN_IF_MIXED_PREFIXES, keeps_only_mixed_groups=True),
         Policy.GRESO: PolicyRules(GRESO_ROOTS, EVEN_PREFIXES),

@@ -61,11 +61,6 @@ class Trust:
     groups: int = 0
     dispersion: float = 1.0
 
-    @property
-    def line(self) -> tuple[float, float, float]:
-        """``(intercept, slope, center)``: what :meth:`apply` needs (``Trust(*line)`` rebuilds it)."""
-        return self.intercept, self.slope, self.center
-
     def apply(self, predicted: npt.ArrayLike) -> FloatArray:
         """The recalibrated predictions, in (0, 1)."""
         v = probabilities(predicted, "predicted")

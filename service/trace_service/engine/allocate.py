@@ -4,7 +4,6 @@ per active prompt)."""
 from __future__ import annotations
 
 import hashlib
-from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -20,13 +19,6 @@ from trace_service.offload import off_loop
 from trace_service.predictor import OutcomeCounts, Query
 from trace_service.predictors import PredictorRegistry
 from trace_service.store import NewTree, PromptOutcomes, TreeStore
-
-
-class Trusts(NamedTuple):
-    """The trust maps an allocation reads Ṽ through: Stage 1's and Stage 2's (None: as it is)."""
-
-    roots: Trust | None
-    prefixes: Trust | None
 
 
 class Allocation:
@@ -92,10 +84,8 @@ class Allocation:
         promised = self.metrics.budget_promised
         promised.labels(job, "bare").inc(sum(tree.rollouts for tree in trees))
         promised.labels(job, "continuation").inc(sum(tree.expansion_budget for tree in trees))
-        if job != OTHER_JOBS:
-            for stage, trust in (("root", response.trust), ("prefix", response.prefix_trust)):
-                if trust is not None:
-                    self.metrics.trust_slope.labels(job, stage).set(trust.slope)
+        if response.trust is not None and job != OTHER_JOBS:
+            self.metrics.trust_slope.labels(job).set(response.trust.slope)
         return response
 
     async def _index(self, request: AllocateRequest, response: AllocateResponse) -> None:
@@ -124,19 +114,12 @@ class Allocation:
             for root, h in zip(encoded, history, strict=True)
         ]
         version, v = await predictor.predict(queries)
-        calibrated = POLICIES[request.policy].calibrated
-        # ε = 0: no controls, so nothing to fit Stage 1's trust to; it reads the predictor as it is.
-        trust = await self.evidence.trust(request.job) if calibrated and request.control_share > 0 else None
-        prefix_trust = await self.evidence.prefix_trust(request.job) if calibrated else None
+        # A calibrated policy reads Ṽ through the job's trust map; with ε = 0 there are no controls to
+        # fit it to, and Stage 1 reads the predictor as it is.
+        calibrated = POLICIES[request.policy].calibrated and request.control_share > 0
+        trust = await self.evidence.trust(request.job) if calibrated else None
         return await off_loop(
-            len(prompts),
-            self._plan_roots,
-            request,
-            history,
-            version,
-            v,
-            predictor.freshness,
-            Trusts(trust, prefix_trust),
+            len(prompts), self._plan_roots, request, history, version, v, predictor.freshness, trust
         )
 
     def _plan_roots(
@@ -146,18 +129,12 @@ class Allocation:
         version: int,
         v: npt.NDArray[np.float64],
         freshness: float,
-        trusts: Trusts,
+        trust: Trust | None,
     ) -> tuple[AllocateResponse, list[NewTree]]:
-        """Stage 1 from the job's predictions, its trust maps and continuation freshness: the answer and
+        """Stage 1 from the job's predictions, its trust map and continuation freshness: the answer and
         the trees to create."""
         prompts = request.prompts
-        trust, prefix_trust = trusts
         read = v if trust is None else trust.apply(v)
-        stage2 = (
-            None
-            if prefix_trust is None
-            else (prefix_trust.intercept, prefix_trust.slope, prefix_trust.center)
-        )
         # The control trees, then the policy's Stage 1 rule (allocation.POLICIES) over the rest, given
         # every input a rule may read.
         plan = plan_roots(
@@ -203,7 +180,6 @@ class Allocation:
                 prior_outcomes=(history[i].successes, history[i].trials),
                 control=control[i],
                 mixed_chance=mixed_chance[i],
-                prefix_trust=None if control[i] else stage2,
             )
             for i, tree_id in zip(active, tree_ids, strict=True)
         ]
@@ -234,7 +210,6 @@ class Allocation:
                 "expected_mixed": float(root_value(read, counts).sum()),
                 "budget": request.budget,
                 "trust": None if trust is None else trust_map(trust),
-                "prefix_trust": None if prefix_trust is None else trust_map(prefix_trust),
             }
         )
         return response, trees

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 from trace_service.allocation.gain import CONTROL, POLICY
 from trace_service.metrics import Metrics
-from trace_service.settings import Settings
 from trace_service.store import TreeMeta, TreeStore
 
 
 class Completion:
-    def __init__(self, store: TreeStore, metrics: Metrics, settings: Settings) -> None:
+    def __init__(self, store: TreeStore, metrics: Metrics, control_window: int) -> None:
         self.store = store
         self.metrics = metrics
-        self.settings = settings
+        self.control_window = control_window
 
     async def completed(self, tree_id: str, meta: TreeMeta | None = None) -> None:
         """Bookkeeping once a tree is finished: the prompt's outcome history (counted once per tree), a
@@ -24,9 +23,7 @@ class Completion:
         meta = meta or (await self.store.load_metas([tree_id]))[0]
         if meta is None:
             return
-        counted = await self.store.record_prompt_outcome(
-            meta, controls_kept=self.settings.control_window, prefixes_kept=self.settings.prefix_window
-        )
+        counted = await self.store.record_prompt_outcome(meta, self.control_window)
         await self.store.push_completed(meta.job, tree_id)
         if counted:
             job = self.metrics.job_label(meta.job)

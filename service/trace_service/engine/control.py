@@ -1,6 +1,5 @@
-"""What a job's evidence says (``trace_service.allocation.trust``): the trust map Stage 1 reads the
-predictor through and the predictor's calibration on control prompts, from its control trees; the trust
-map Stage 2 reads it through, from its first-round candidates and the bare outcomes below them."""
+"""What a job's control trees say: the trust map Stage 1 reads the predictor through, and the
+predictor's calibration on control prompts (``trace_service.allocation.trust``)."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import numpy as np
 from trace_proto import ControlCalibration, PredictorInfo, TrustMap
 from trace_service.allocation.trust import Trust, control_calibration, fit_trust
 from trace_service.offload import off_loop
-from trace_service.store import Evidence, TreeStore
+from trace_service.store import ControlOutcome, TreeStore
 
 
 class ControlEvidence:
@@ -19,14 +18,9 @@ class ControlEvidence:
         self.store = store
 
     async def trust(self, job: str) -> Trust:
-        """Stage 1's trust map, fitted to the job's control groups (every prediction alike before any)."""
+        """The trust map fitted to the job's control groups (every prediction alike before any)."""
         outcomes = await self.store.control_outcomes(job)
         return await off_loop(len(outcomes), _fitted, outcomes)
-
-    async def prefix_trust(self, job: str) -> Trust:
-        """Stage 2's trust map, fitted to the evidence of the job's first-round candidates."""
-        evidence = await self.store.prefix_evidence(job)
-        return await off_loop(len(evidence), _fitted, evidence)
 
     async def calibration(self, job: str) -> ControlCalibration | None:
         """The predictor's Brier score on the job's control groups against one constant's; None before
@@ -35,20 +29,13 @@ class ControlEvidence:
 
     async def describe(self, info: PredictorInfo) -> PredictorInfo:
         """``info`` (GET /v1/predictor) with the predictor on its job's control prompts and the trust
-        maps the stages of a calibrated policy apply now."""
+        map Stage 1 applies now."""
         outcomes = await self.store.control_outcomes(info.job)
         trust = await off_loop(len(outcomes), _fitted, outcomes)
-        prefix_trust = await self.prefix_trust(info.job)
-        return info.model_copy(
-            update={
-                "control": _calibration(outcomes),
-                "trust": trust_map(trust),
-                "prefix_trust": trust_map(prefix_trust),
-            }
-        )
+        return info.model_copy(update={"control": _calibration(outcomes), "trust": trust_map(trust)})
 
 
-def _calibration(outcomes: list[Evidence]) -> ControlCalibration | None:
+def _calibration(outcomes: list[ControlOutcome]) -> ControlCalibration | None:
     if not outcomes:
         return None
     measured = control_calibration(*_columns(outcomes))
@@ -72,7 +59,7 @@ def trust_map(trust: Trust) -> TrustMap:
     )
 
 
-def _columns(outcomes: list[Evidence]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _columns(outcomes: list[ControlOutcome]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return (
         np.array([o.predicted for o in outcomes], dtype=np.float64),
         np.array([o.successes for o in outcomes], dtype=np.float64),
@@ -80,5 +67,5 @@ def _columns(outcomes: list[Evidence]) -> tuple[np.ndarray, np.ndarray, np.ndarr
     )
 
 
-def _fitted(outcomes: list[Evidence]) -> Trust:
+def _fitted(outcomes: list[ControlOutcome]) -> Trust:
     return fit_trust(*_columns(outcomes))

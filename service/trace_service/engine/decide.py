@@ -18,7 +18,6 @@ from trace_service.allocation import (
     is_mixed,
     spread_evenly,
 )
-from trace_service.allocation.trust import Trust
 from trace_service.branching import can_branch, place_round, round_candidates
 from trace_service.engine.common import Clock, IntArray, fresh_ids
 from trace_service.engine.completion import Completion
@@ -28,13 +27,10 @@ from trace_service.offload import off_loop, release
 from trace_service.predictor import OutcomeCounts, Query
 from trace_service.predictors import PredictorRegistry
 from trace_service.settings import Settings
-from trace_service.store import Evidence, StoredTree, TreeMeta, TreeStore
+from trace_service.store import StoredTree, TreeMeta, TreeStore
 from trace_service.tree import PrefixCandidates
 
 logger = logging.getLogger(__name__)
-
-#: The most first-round candidates of one tree whose evidence is kept for the job's prefix trust.
-EVIDENCE_PER_TREE = 16
 
 
 class Stage2:
@@ -97,9 +93,6 @@ class Stage2:
             meta = tree.meta
             share = _round_share(meta, round_)
             counts, node_ids, predictions, fallback = await self._placement(tree, rules, candidates, share)
-            evidence = ""
-            if round_ == 1:
-                evidence = await off_loop(len(tree.nodes), self._evidence, tree, candidates, predictions)
             placed = [(node_ids[i], count) for i, count in enumerate(counts.tolist()) if count > 0]
             instructions = [
                 Instruction(instruction_id=instruction_id, tree_id=tree_id, node_id=node_id, count=count)
@@ -121,7 +114,6 @@ class Stage2:
                 fallback=fallback,
                 now=now,
                 expansion_budget=budget,
-                evidence=evidence,
             )
         if not recorded:  # another replica took the decision over; its instructions stand
             await self.store.dequeue_instructions(
@@ -150,30 +142,6 @@ class Stage2:
             mixed_chance=meta.mixed_chance,
             agrees=not is_mixed(meta.bare_successes, meta.bare_leaves),
             can_branch=branches,
-        )
-
-    def _evidence(
-        self, tree: StoredTree, candidates: PrefixCandidates | None, predictions: dict[str, float]
-    ) -> str:
-        """What the first round's candidates say of the predictor (``Evidence.join``): the prediction
-        each had and the bare leaves below it, at most :data:`EVIDENCE_PER_TREE` of them, drawn at
-        random (the prefixes of one rollout share its outcome, so more add little)."""
-        if candidates is None or not predictions:
-            return ""
-        targets = tree.targets(self.settings.success_threshold)
-        rows = [node for node in candidates.nodes.tolist() if tree.nodes[node].node_id in predictions]
-        if len(rows) > EVIDENCE_PER_TREE:
-            picked = self._rng.choice(len(rows), EVIDENCE_PER_TREE, replace=False)
-            rows = [rows[k] for k in sorted(picked.tolist())]
-        return Evidence.join(
-            [
-                Evidence(
-                    predictions[tree.nodes[node].node_id],
-                    int(targets.successes[node]),
-                    int(targets.visits[node]),
-                )
-                for node in rows
-            ]
         )
 
     def _candidates(self, tree: StoredTree, rules: PolicyRules) -> PrefixCandidates:
@@ -207,8 +175,7 @@ class Stage2:
                 rules,
                 candidates,
                 share,
-                # Ṽ as the job's evidence says to read it (allocation.trust), when the policy does.
-                predicted=p if p is None or meta.prefix_trust is None else Trust(*meta.prefix_trust).apply(p),
+                predicted=p,
                 bare_successes=meta.bare_successes,
                 bare_trials=meta.bare_leaves,
                 fallback=not meta.return_unspent,

@@ -70,14 +70,9 @@ class KeySpace:
         return f"{self._job(job)}:steptotals"
 
     def control_outcomes(self, job: str) -> str:
-        """The job's most recent control groups (``Evidence``, newest first, a capped list): what
+        """The job's most recent control groups (``ControlOutcome``, newest first, a capped list): what
         the predictor's trust on the job is fitted to."""
         return f"{self._job(job)}:controls"
-
-    def prefix_evidence(self, job: str) -> str:
-        """The job's most recent Stage 2 candidates' evidence (``Evidence``, newest first, a capped
-        list): what the trust Stage 2 puts in the predictor is fitted to."""
-        return f"{self._job(job)}:prefixes"
 
     def steps(self, job: str) -> str:
         return f"{self._job(job)}:steps"

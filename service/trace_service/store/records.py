@@ -4,7 +4,7 @@ scripts' replies parsed into named results."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -37,7 +37,6 @@ class NewTree:
     max_branch_depth: int | None = None  # continuations only from prefixes this shallow (None: any)
     control: bool = False  # drawn at random for the allocation's control share
     mixed_chance: float = 0.0  # P(its bare group is mixed) at the values Stage 1 read
-    prefix_trust: tuple[float, float, float] | None = None  # (intercept, slope, center) for Stage 2
 
     def hash_fields(self, now: float) -> list[str]:
         """What a new tree stores, as a flat field/value list: its immutable spec as one JSON field, the
@@ -56,7 +55,6 @@ class NewTree:
             "max_branch_depth": self.max_branch_depth,
             "control": self.control,
             "mixed_chance": self.mixed_chance,
-            "prefix_trust": self.prefix_trust,
             "created_at": now,
         }
         return [
@@ -75,8 +73,6 @@ _COUNTERS = (
     "round", "bare_started", "bare_leaves", "bare_successes", "cont_started", "cont_leaves", "successes",
     "promised", "returned", "fallback", "turns",
 )  # fmt: skip
-#: The meta field of a tree's Stage 2 evidence (``Evidence.join``), written by its first decision.
-EVIDENCE_FIELD = "evidence"
 
 
 @dataclass(frozen=True)
@@ -84,10 +80,7 @@ class TreeMeta:
     """A tree's header and counters (everything in its meta hash but the prompt text)."""
 
     #: The meta hash fields a TreeMeta is read from.
-    FIELDS = (
-        "spec", "job", "status", "rollouts", "expansion_budget", "rounds", "finished_at", EVIDENCE_FIELD,
-        *_COUNTERS,
-    )  # fmt: skip
+    FIELDS = ("spec", "job", "status", "rollouts", "expansion_budget", "rounds", "finished_at", *_COUNTERS)
     #: The fields only the scripts use: a Stage 2 claim (round, token, lease end) and the last update.
     SCRIPT_FIELDS = ("decision_round", "decision_token", "decision_until", "updated_at")
 
@@ -121,8 +114,6 @@ class TreeMeta:
     max_branch_depth: int | None = None
     control: bool = False
     mixed_chance: float = 0.0
-    prefix_trust: tuple[float, float, float] | None = None  # the map Stage 2 reads Ṽ through
-    evidence: str = ""  # its Stage 2 candidates' evidence (Evidence.join)
 
     @property
     def leaves(self) -> int:
@@ -161,8 +152,6 @@ class TreeMeta:
             max_branch_depth=spec["max_branch_depth"],
             control=bool(spec["control"]),
             mixed_chance=float(spec["mixed_chance"]),
-            prefix_trust=None if spec["prefix_trust"] is None else tuple(spec["prefix_trust"]),
-            evidence=raw.get(EVIDENCE_FIELD) or "",
             **counters,
         )
 
@@ -411,10 +400,8 @@ class PromptOutcomes:
 
 
 @dataclass(frozen=True)
-class Evidence:
-    """A prediction made before its outcomes were known, and those outcomes: a control prompt's at
-    allocation and its bare group, or a Stage 2 candidate's at its tree's first round and the bare
-    leaves below it.  What the job's trust maps are fitted to."""
+class ControlOutcome:
+    """A control tree's group: the prediction its prompt had at allocation and its bare outcomes."""
 
     predicted: float
     successes: int
@@ -424,18 +411,9 @@ class Evidence:
         return f"{self.predicted!r},{self.successes},{self.trials}"
 
     @classmethod
-    def parse(cls, raw: str) -> Evidence:
+    def parse(cls, raw: str) -> ControlOutcome:
         predicted, successes, trials = raw.split(",")
         return cls(float(predicted), int(successes), int(trials))
-
-    @staticmethod
-    def join(records: Sequence[Evidence]) -> str:
-        """Several records as one field (``;`` between them)."""
-        return ";".join(map(str, records))
-
-    @classmethod
-    def split(cls, raw: str) -> list[Evidence]:
-        return [cls.parse(part) for part in raw.split(";") if part]
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from trace_service.store.records import (
     AllocationCounts,
     AppliedBatch,
     CommittedDecision,
-    Evidence,
+    ControlOutcome,
     NewTree,
     PromptOutcomes,
     StoredTree,
@@ -205,18 +205,16 @@ class TreeStore:
         raw = await self.redis.hmget(self.keys.prompt_outcomes(job), list(prompt_ids))
         return [PromptOutcomes.parse(text(value)) if value else PromptOutcomes() for value in raw]
 
-    async def record_prompt_outcome(self, meta: TreeMeta, *, controls_kept: int, prefixes_kept: int) -> bool:
+    async def record_prompt_outcome(self, meta: TreeMeta, controls_kept: int) -> bool:
         """Count a finished tree once (a repeat is a no-op): its bare-rollout group joins its prompt's
-        history, its figures its step's totals (the gain's sums under its arm), a control tree's group
-        the job's last ``controls_kept`` control outcomes and its Stage 2 evidence the job's last
-        ``prefixes_kept`` prefix records.  Returns whether it was counted now."""
+        history, its figures its step's totals (the gain's sums under its arm), and a control tree's
+        group the job's last ``controls_kept`` control outcomes.  Returns whether it was counted now."""
         job = meta.job
         keys = [
             self.keys.prompt_outcomes(job),
             self.keys.counted_trees(job),
             self.keys.step_totals(job),
             self.keys.control_outcomes(job),
-            self.keys.prefix_evidence(job),
         ]
         arm = ArmSums.of_tree(mixed=meta.mixed, bare=meta.bare_leaves, turns=meta.turns)
         figures = {
@@ -230,25 +228,19 @@ class TreeStore:
             **arm.figures(CONTROL if meta.control else POLICY),
         }
         control = (
-            str(Evidence(meta.predicted_success, meta.bare_successes, meta.bare_leaves))
+            str(ControlOutcome(meta.predicted_success, meta.bare_successes, meta.bare_leaves))
             if meta.control
             else ""
         )
         args = [meta.prompt_id, meta.bare_successes, meta.bare_leaves, self.job_ttl, meta.tree_id, meta.step]
         figure_args = [x for figure in figures.items() for x in figure]
-        evidence = [control, controls_kept, meta.evidence, prefixes_kept]
-        call = ScriptCall("record_outcome", keys, [*args, *evidence, *figure_args])
+        call = ScriptCall("record_outcome", keys, [*args, control, controls_kept, *figure_args])
         return bool(await self.scripts.run(call))
 
-    async def control_outcomes(self, job: str) -> list[Evidence]:
+    async def control_outcomes(self, job: str) -> list[ControlOutcome]:
         """The job's most recent control groups, newest first."""
         raw = await self.redis.lrange(self.keys.control_outcomes(job), 0, -1)
-        return [Evidence.parse(text(value)) for value in raw]
-
-    async def prefix_evidence(self, job: str) -> list[Evidence]:
-        """The job's most recent Stage 2 candidates' evidence, newest first."""
-        raw = await self.redis.lrange(self.keys.prefix_evidence(job), 0, -1)
-        return [Evidence.parse(text(value)) for value in raw]
+        return [ControlOutcome.parse(text(value)) for value in raw]
 
     async def step_allocations(self, job: str) -> dict[int, list[AllocationCounts]]:
         """The counts of each allocation made, by step."""
@@ -326,14 +318,12 @@ class TreeStore:
         fallback: int,
         now: float,
         expansion_budget: int | None = None,
-        evidence: str = "",
     ) -> CommittedDecision:
         """Offer the instructions ``(instruction_id, node_id, count)`` in the job's claim queue from
         ``offered_from`` on, then record the decision if the claim still holds.  Offered before
         recorded, so that no failure in between can strand them (an offer whose record never happened
         is dropped when claimed).  ``expansion_budget`` replaces the tree's continuation budget with
-        the decision (its draw from a shared reserve); ``evidence`` (``Evidence.join``) is kept from
-        the tree's first decision on, for the job's prefix trust once the tree is counted."""
+        the decision (its draw from a shared reserve)."""
         keys = self.keys.tree(tree_id)
         offer = self._offer_calls(job, tree_id, {item[0]: offered_from for item in instructions})
         commit = ScriptCall(
@@ -349,7 +339,6 @@ class TreeStore:
                 now,
                 self.tree_ttl,
                 -1 if expansion_budget is None else expansion_budget,
-                evidence,
             ],
         )
         results = await self.scripts.run_all([*offer, commit], ordered=True)

@@ -3,21 +3,19 @@
 -- KEYS: meta, instructions, predictions
 -- ARGV: round, token, instructions (JSON list of [instruction_id, node_id, count]),
 --       predictions (JSON object node_id -> Ṽ at decision time), returned units, fallback units, now, ttl,
---       the tree's continuation budget from now on (its draw from a shared reserve; -1: unchanged),
---       the candidates' evidence for the job's prefix trust ("": none; kept from the first round only)
+--       the tree's continuation budget from now on (its draw from a shared reserve; -1: unchanged)
 -- Returns JSON {ok = 0/1 (the claim held and the decision is recorded), completed = 0/1}
 local meta_key, instr_key, pred_key = KEYS[1], KEYS[2], KEYS[3]
 local round, token = tonumber(ARGV[1]), ARGV[2]
 local instructions, predictions = cjson.decode(ARGV[3]), cjson.decode(ARGV[4])
 local returned, fallback, now, ttl = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-local budget, evidence = tonumber(ARGV[9]), ARGV[10]
+local budget = tonumber(ARGV[9])
 
 local held = redis.call('HMGET', meta_key, 'decision_round', 'decision_token')
 if (tonumber(held[1]) or 0) ~= round or held[2] ~= token then
   return cjson.encode({ok = 0, completed = 0})
 end
 if budget >= 0 then redis.call('HSET', meta_key, 'expansion_budget', budget) end
-if evidence ~= '' then redis.call('HSETNX', meta_key, 'evidence', evidence) end
 local promised = 0
 for _, item in ipairs(instructions) do
   promised = promised + item[3]
