@@ -9,7 +9,7 @@ The policy gradient credits the turn ending at y, action a_y in the context c_{p
 ∇log π(a_y | c_{p(y)}) · (Q̂ − b): Q̂ = V̂(y) estimates Q(c_{p(y)}, a_y), and the baseline b must not
 depend on a_y for the term to be unbiased. Each variant is one choice of b (and of a weight):
 
-* ``service``  — what ``GET /v1/trees/{id}`` exports (`trace_service.tree.advantages`):
+* ``service``  — what ``GET /v1/trees/{id}`` exports (`trace_service.allocation.tree.advantages`):
   (V̂(y) − V̂(p(y))) + (V̂(y) − V̂(root)).
 * ``global``   — V̂(y) − V̂(root) = (1 − n_y/N)(V̂(y) − V̂(rest)), V̂(rest) the rate of the leaves not
   below y: GRPO's group baseline (the `uniform` arm's on flat groups), unbiased up to (1 − n_y/N).
@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from trace_proto import TreeResponse
-from trace_service.tree import TreeTargets, advantages, tree_targets
+from trace_service.allocation.tree import TreeTargets, advantages, tree_targets
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

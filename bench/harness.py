@@ -68,8 +68,8 @@ from trace_service.allocation import (
     root_value,
     round_budgets,
 )
-from trace_service.branching import branch_depth, can_branch, place_round
-from trace_service.tree import (
+from trace_service.allocation.branching import branch_depth, can_branch, place_round
+from trace_service.allocation.tree import (
     ROOT,
     FreshnessEstimate,
     PrefixCandidates,
@@ -275,8 +275,9 @@ class StepResult:
 
 
 class _Forest:
-    """The trees of one step in flat arrays, parents before children (the layout `trace_service.tree`
-    reads), with `tree_of` naming each node's tree: one `tree_targets` call serves every tree."""
+    """The trees of one step in flat arrays, parents before children (the layout
+    `trace_service.allocation.tree` reads), with `tree_of` naming each node's tree: one `tree_targets`
+    call serves every tree."""
 
     def __init__(
         self,
@@ -356,7 +357,8 @@ class _Forest:
 
     def candidates(self) -> list[PrefixCandidates]:
         """Each tree's branching candidates (global node indices), by depth: what
-        `trace_service.branching.round_candidates` finds in the tree alone, for every tree in one pass
+        `trace_service.allocation.branching.round_candidates` finds in the tree alone, for every tree in
+        one pass
         (each tree's depth limit is the service's `branch_depth`)."""
         targets = tree_targets(self.parent, self.reward)
         found = prefix_candidates(targets, self.max_branch_depth)

@@ -11,6 +11,7 @@ import torch
 
 from bench.estimators import FinishedTree, Query
 from trace_lab.sim import Prompt, RolloutState
+from trace_service.allocation.tree import tree_targets
 from trace_service.predictor import (
     EncodedHistory,
     OutcomeCounts,
@@ -21,7 +22,6 @@ from trace_service.predictor import (
     TrainingExample,
 )
 from trace_service.predictor import Query as PredictorQuery
-from trace_service.tree import tree_targets
 
 
 class LearnedEstimator:

@@ -96,7 +96,7 @@ from trace_lab.sim.workers import SimAgent, prompt_in
 from trace_proto import DEFAULT_CONTROL_SHARE, AllocateRequest, GainEstimate, Policy
 from trace_service.allocation import POLICIES
 from trace_service.allocation.gain import ArmSums
-from trace_service.tree import FreshnessEstimate, tree_targets
+from trace_service.allocation.tree import FreshnessEstimate, tree_targets
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

@@ -30,6 +30,7 @@ import numpy.typing as npt
 import torch
 
 from trace_lab.sim import RolloutState, SimConfig, SimWorkload, VocabularyConfig
+from trace_service.allocation.tree import ROOT, tree_targets
 from trace_service.predictor import (
     EncodedHistory,
     HistoryFeaturizer,
@@ -40,7 +41,6 @@ from trace_service.predictor import (
     TrainingExample,
 )
 from trace_service.predictor.diagnostics import brier_score, expected_calibration_error, spearman
-from trace_service.tree import ROOT, tree_targets
 
 FloatArray = npt.NDArray[np.float64]
 

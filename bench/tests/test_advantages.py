@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from bench.advantages import ADVANTAGES
 from bench.learning import SampledTurns, weighted_turns
-from trace_service.tree import tree_targets
+from trace_service.allocation.tree import tree_targets
 
 
 @st.composite

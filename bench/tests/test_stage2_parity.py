@@ -18,7 +18,7 @@ from trace_lab.sim import Prompt, RolloutState
 from trace_lab.sim.state import Turn
 from trace_proto import AllocateRequest, ExpandEvent, Policy, PromptIn
 from trace_service.allocation import POLICIES, bare_mixed_chance
-from trace_service.tree import ROOT
+from trace_service.allocation.tree import ROOT
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
 

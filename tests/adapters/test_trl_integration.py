@@ -39,7 +39,7 @@ from trace_client.integrations.trl import (
 )
 from trace_client.integrations.trl import rollout as rollout_module
 from trace_lab.local import ThreadedService
-from trace_service.tree import advantages, tree_targets
+from trace_service.allocation.tree import advantages, tree_targets
 
 #: TRL warns that `rollout_func` is experimental: known, and what the integration is written against.
 pytestmark = [
@@ -55,7 +55,7 @@ TOKENS = {i: TurnTokens((10 + i, 20 + i), mask=(1, 0)) for i in range(len(PARENT
 
 
 def service_tree(parents: list[int], rewards: dict[int, float], tokens: dict[int, TurnTokens]) -> Any:
-    """A finished tree whose advantages are the service's own (`trace_service.tree`)."""
+    """A finished tree whose advantages are the service's own (`trace_service.allocation.tree`)."""
     reward = [rewards.get(i, math.nan) for i in range(len(parents))]
     values = advantages(parents, tree_targets(parents, reward)).tolist()
     return finished_tree(parents, rewards, advantages=values, tokens=tokens)

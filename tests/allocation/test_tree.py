@@ -7,14 +7,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trace_service.lifecycle import is_mixed, is_success
-from trace_service.tree import (
+from trace_service.allocation.tree import (
     FreshnessEstimate,
     advantages,
     continuation_flips,
     prefix_candidates,
     tree_targets,
 )
+from trace_service.lifecycle import is_mixed, is_success
 
 nan = float("nan")
 

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from trace_proto import ExpandEvent
 from trace_service.metrics import Metrics
 from trace_service.predictor import FeaturizerConfig, HistoryFeaturizer, Predictive, Query, SuccessPredictor
-from trace_service.runtime import PredictorRuntime, encode_tree
+from trace_service.predictor.runtime import PredictorRuntime, encode_tree
 from trace_service.store import NewTree, TreeStore
 
 

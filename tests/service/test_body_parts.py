@@ -15,8 +15,8 @@ from test_hostile_inputs import allocate_inputs, event_inputs, other_inputs, raw
 
 from trace_proto import AllocateRequest, ExpandRequest, PredictRequest
 from trace_proto.v1 import limits
-from trace_service.routers.body import BodyErrors, validate_in_parts
-from trace_service.routers.jsonscan import Structure, TooManyElements
+from trace_service.parsing.body import BodyErrors, validate_in_parts
+from trace_service.parsing.structure import Structure, TooManyElements
 
 ARRAYS: dict[str, tuple[type[BaseModel], str]] = {
     "/v1/allocate": (AllocateRequest, "prompts"),

@@ -27,3 +27,19 @@ def non_negative_int(value: int, name: str) -> int:
     if value < 0:
         raise ValueError(f"{name} must be >= 0, got {value}")
     return int(value)
+
+
+def check_limits(
+    n_prompts: int, budget: int, min_rollouts: int, max_rollouts: int, max_prompts: int | None
+) -> int:
+    """Validate the caps; return the usable cap on active prompts."""
+    non_negative_int(budget, "budget")
+    non_negative_int(min_rollouts, "min_rollouts")
+    non_negative_int(max_rollouts, "max_rollouts")
+    if min_rollouts < 1:
+        raise ValueError("min_rollouts must be >= 1")
+    if max_rollouts < min_rollouts:
+        raise ValueError(f"max_rollouts ({max_rollouts}) must be >= min_rollouts ({min_rollouts})")
+    if max_prompts is None:
+        return n_prompts
+    return min(n_prompts, non_negative_int(max_prompts, "max_prompts"))

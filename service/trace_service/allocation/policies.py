@@ -14,8 +14,13 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from trace_service.allocation._validate import FloatArray, IntArray, non_negative_int, probabilities
-from trace_service.allocation.stage1 import _check_limits
+from trace_service.allocation._validate import (
+    FloatArray,
+    IntArray,
+    check_limits,
+    non_negative_int,
+    probabilities,
+)
 from trace_service.allocation.stage2 import spread_evenly
 from trace_service.allocation.stats import mixed_groups
 
@@ -35,7 +40,7 @@ def uniform_roots(
     of prompts allowed at all — restrict them), then the budget is dealt evenly over them up to
     ``max_rollouts``; the first prompts take the remainder, so counts differ by at most one.
     """
-    cap = _check_limits(
+    cap = check_limits(
         non_negative_int(n_prompts, "n_prompts"), budget, min_rollouts, max_rollouts, max_prompts
     )
     allowed = np.ones(n_prompts, dtype=bool) if keep is None else np.asarray(keep, dtype=bool)

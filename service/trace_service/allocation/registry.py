@@ -98,7 +98,7 @@ class RootInputs:
 @dataclass(frozen=True)
 class PrefixInputs:
     """What a Stage 2 rule may read about one round of one tree: the candidate prefixes' observed
-    outcomes and blocked mask (``trace_service.tree.prefix_candidates``), the round's share ``budget``,
+    outcomes and blocked mask (``allocation.tree.prefix_candidates``), the round's share ``budget``,
     and ``fallback`` (spread what TRACE's greedy cannot place, or return it).
     """
 

@@ -47,7 +47,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from trace_service.allocation._validate import FloatArray, IntArray, non_negative_int, probabilities
+from trace_service.allocation._kernels import geometric_powers, top_units
+from trace_service.allocation._validate import FloatArray, IntArray, check_limits, probabilities
 
 #: At equal gain (V(3) = 3·V(2)/2 always), activating one more prompt goes before another rollout for an
 #: active one: the same expected mixed groups over more distinct prompts.  Values are never changed by
@@ -126,22 +127,6 @@ def _smallest_group(min_rollouts: int) -> int:
     return max(min_rollouts, 2)
 
 
-def _check_limits(
-    n_prompts: int, budget: int, min_rollouts: int, max_rollouts: int, max_prompts: int | None
-) -> int:
-    """Validate the caps; return the usable cap on active prompts."""
-    non_negative_int(budget, "budget")
-    non_negative_int(min_rollouts, "min_rollouts")
-    non_negative_int(max_rollouts, "max_rollouts")
-    if min_rollouts < 1:
-        raise ValueError("min_rollouts must be >= 1")
-    if max_rollouts < min_rollouts:
-        raise ValueError(f"max_rollouts ({max_rollouts}) must be >= min_rollouts ({min_rollouts})")
-    if max_prompts is None:
-        return n_prompts
-    return min(n_prompts, non_negative_int(max_prompts, "max_prompts"))
-
-
 def _weights(weight: npt.ArrayLike | None, n_prompts: int) -> FloatArray:
     if weight is None:
         return np.ones(n_prompts)
@@ -151,33 +136,6 @@ def _weights(weight: npt.ArrayLike | None, n_prompts: int) -> FloatArray:
     if not np.all(np.isfinite(w)) or np.any(w < 0):
         raise ValueError("weight must be finite and >= 0")
     return w
-
-
-def _geometric_powers(base: FloatArray, first: int, out: FloatArray) -> FloatArray:
-    """Fill ``out[r, j] = base_r ** (first + j)`` by cumulative products (much cheaper than pow)."""
-    if out.shape[1]:
-        out[:, 0] = base**first
-        out[:, 1:] = base[:, None]
-        np.cumprod(out, axis=1, out=out)
-    return out
-
-
-def _top_units(values: FloatArray, take: int) -> npt.NDArray[np.bool_]:
-    """Mask of the ``take`` largest positive entries of a row-major matrix; ties go in row-major order.
-
-    Rows must be non-increasing, so each row's selection is a prefix (a valid allocation).
-    """
-    flat = values.ravel()
-    positive = int(np.count_nonzero(flat > 0.0))
-    if take >= positive:
-        return values > 0.0
-    if take <= 0:
-        return np.zeros(values.shape, dtype=bool)
-    threshold = np.partition(flat, flat.size - take)[flat.size - take]
-    chosen: npt.NDArray[np.bool_] = flat > threshold
-    ties = np.flatnonzero(flat == threshold)
-    chosen[ties[: take - int(np.count_nonzero(chosen))]] = True
-    return chosen.reshape(values.shape)
 
 
 def allocate_roots(
@@ -201,7 +159,7 @@ def allocate_roots(
     """
     probs = probabilities(v, "v")
     n_prompts = probs.size
-    prompt_cap = _check_limits(n_prompts, budget, min_rollouts, max_rollouts, max_prompts)
+    prompt_cap = check_limits(n_prompts, budget, min_rollouts, max_rollouts, max_prompts)
     w = _weights(weight, n_prompts)
     odds = _odds(probs, expansion=expansion, freshness=freshness)
     lo = _smallest_group(min_rollouts)
@@ -225,7 +183,7 @@ def allocate_roots(
     columns = min(n_extras, _FIRST_COLUMNS)
     while True:
         envelope = _envelope(odds.rows(eligible), w[eligible], block, lo, columns)
-        chosen = _top_units(envelope, budget)
+        chosen = top_units(envelope, budget)
         threshold = float(envelope[chosen].min()) if chosen.any() else np.inf
         if int(chosen.sum()) < budget:
             threshold = 0.0  # every positive unit is taken: all of them must be in view
@@ -276,9 +234,9 @@ def _envelope(odds: _Odds, w: FloatArray, block: FloatArray, lo: int, columns: i
     envelope[:, :lo] = (block / lo)[:, None]
     extras = envelope[:, lo:]
     z_success, z_failure = odds.z_success, odds.z_failure
-    _geometric_powers(z_success, lo, extras)
+    geometric_powers(z_success, lo, extras)
     extras *= (1.0 - z_success)[:, None]
-    extras += _geometric_powers(z_failure, lo, np.empty((rows, columns))) * (1.0 - z_failure)[:, None]
+    extras += geometric_powers(z_failure, lo, np.empty((rows, columns))) * (1.0 - z_failure)[:, None]
     extras *= w[:, None]
     # Mathematically Δ_lo ≤ V(lo)/lo; clamp float noise so a block always precedes its extras.
     np.minimum(extras, envelope[:, :1], out=extras)
@@ -329,7 +287,7 @@ def allocate_roots_exact(
     """
     probs = probabilities(v, "v")
     n_prompts = probs.size
-    prompt_cap = _check_limits(n_prompts, budget, min_rollouts, max_rollouts, max_prompts)
+    prompt_cap = check_limits(n_prompts, budget, min_rollouts, max_rollouts, max_prompts)
     w = _weights(weight, n_prompts)
     sizes = np.arange(_smallest_group(min_rollouts), min(max_rollouts, budget) + 1)
     capped = max_prompts is not None

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from trace_service.allocation._kernels import geometric_powers, top_units
 from trace_service.allocation._validate import FloatArray, IntArray, non_negative_int, probabilities
-from trace_service.allocation.stage1 import _geometric_powers, _top_units
 
 #: Marginal gains at or below this are treated as zero (a flip probability of one in a million).
 DEFAULT_MIN_GAIN = 1e-6
@@ -86,7 +86,7 @@ def expand_prefixes(
         raise ValueError(f"blocked must have shape {q.shape}, got {is_blocked.shape}")
 
     gains = _unit_gains(q, is_blocked, min_gain, most=budget)
-    chosen = _top_units(gains, budget)
+    chosen = top_units(gains, budget)
     counts = chosen.sum(axis=1).astype(np.int64)
 
     leftover = budget - int(counts.sum())
@@ -103,7 +103,7 @@ def _unit_gains(q: FloatArray, blocked: npt.NDArray[np.bool_], min_gain: float, 
     where c is blocked or the gain is at most ``min_gain``.  At most ``most`` columns, and none past
     where no candidate's gain can still exceed ``min_gain``, which bounds the matrix."""
     columns = min(most, _useful_continuations(q, min_gain))
-    gains = _geometric_powers(q, 0, np.empty((q.size, columns))) * (1.0 - q)[:, None]
+    gains = geometric_powers(q, 0, np.empty((q.size, columns))) * (1.0 - q)[:, None]
     gains[blocked] = 0.0
     gains[gains <= min_gain] = 0.0
     return gains

@@ -1,10 +1,10 @@
 """What the API does, independent of HTTP, one component per concern.  Routers translate requests to
 calls on the component they need; the algorithms are the pure functions of ``trace_service.allocation``
-and ``trace_service.tree``.
+and ``trace_service.allocation.tree``.
 
 - ``allocate``: POST /v1/allocate (idempotency, predictions, Stage 1)
 - ``intake``: POST /v1/expand (events, the follow-ups they make due, re-offers)
-- ``decide``: one Stage 2 round of one tree, decided (``trace_service.branching``) and recorded
+- ``decide``: one Stage 2 round of one tree, decided (``trace_service.allocation.branching``) and recorded
 - ``completion``: the bookkeeping once a tree is finished
 - ``control``: what a job's control trees say (its trust map, the predictor's calibration on them)
 - ``instructions``: GET /v1/instructions (leases)
@@ -29,7 +29,7 @@ from trace_service.engine.maintenance import Sweeper
 from trace_service.engine.queries import Jobs, JobStatistics, Predictions, Trees
 from trace_service.engine.readiness import Readiness
 from trace_service.metrics import Metrics
-from trace_service.predictors import PredictorRegistry
+from trace_service.predictor.registry import PredictorRegistry
 from trace_service.settings import Settings
 from trace_service.store import TreeStore
 

@@ -17,7 +17,7 @@ from trace_service.engine.control import ControlEvidence, trust_map
 from trace_service.metrics import OTHER_JOBS, Metrics
 from trace_service.offload import off_loop
 from trace_service.predictor import OutcomeCounts, Query
-from trace_service.predictors import PredictorRegistry
+from trace_service.predictor.registry import PredictorRegistry
 from trace_service.store import NewTree, PromptOutcomes, TreeStore
 
 

@@ -18,17 +18,17 @@ from trace_service.allocation import (
     is_mixed,
     spread_evenly,
 )
-from trace_service.branching import can_branch, place_round, round_candidates
+from trace_service.allocation.branching import can_branch, place_round, round_candidates
+from trace_service.allocation.tree import PrefixCandidates
 from trace_service.engine.common import Clock, IntArray, fresh_ids
 from trace_service.engine.completion import Completion
 from trace_service.lifecycle import round_share
 from trace_service.metrics import Metrics
 from trace_service.offload import off_loop, release
 from trace_service.predictor import OutcomeCounts, Query
-from trace_service.predictors import PredictorRegistry
+from trace_service.predictor.registry import PredictorRegistry
 from trace_service.settings import Settings
 from trace_service.store import StoredTree, TreeMeta, TreeStore
-from trace_service.tree import PrefixCandidates
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ class Stage2:
     async def _draw(self, meta: TreeMeta, sharing: Sharing, branches: bool) -> int:
         """The tree's continuations: the part of its share it keeps, and its draw from its allocation's
         shared reserve of the pooled parts (``allocation.reserve``): it takes when its bare rollouts
-        agree and it ``branches`` (``trace_service.branching.can_branch``); else it leaves its pooled
+        agree and it ``branches`` (``allocation.branching.can_branch``); else it leaves its pooled
         part to the allocation's other trees."""
         kept, pooled = sharing.split(meta.expansion_budget)
         return kept + await self.store.draw_continuations(

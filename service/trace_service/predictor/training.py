@@ -52,6 +52,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from trace_service.allocation.tree import FreshnessEstimate
 from trace_service.predictor.archive import (
     TENSOR_PREFIX,
     TrainingData,
@@ -90,7 +91,6 @@ from trace_service.predictor.model import (
     dense_features,
     resolve_device,
 )
-from trace_service.tree import FreshnessEstimate
 
 _Item = TypeVar("_Item")
 
@@ -203,7 +203,7 @@ class SuccessPredictor:
         return self._freshness.value
 
     def observe_continuations(self, flips: float, fresh_flips: float) -> None:
-        """Count one tree's continuation flips (:func:`~trace_service.tree.continuation_flips`)."""
+        """Count one tree's continuation flips (:func:`~trace_service.allocation.tree.continuation_flips`)."""
         with self._data_lock:
             self._freshness = self._freshness.add(flips, fresh_flips)
 

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Header, Request
 from trace_proto import AllocateRequest, AllocateResponse
 from trace_proto.v1 import paths
 from trace_service.deps import AllocationDep
-from trace_service.routers.body import documented, validated
+from trace_service.parsing.body import documented, validated
 from trace_service.routers.responses import ERRORS
 
 router = APIRouter(tags=["allocation"])

@@ -17,7 +17,7 @@ from trace_proto import (
 from trace_proto.v1 import limits, paths
 from trace_proto.v1.common import JobName
 from trace_service.deps import InstructionsDep, IntakeDep
-from trace_service.routers.body import INLINE_BODY_BYTES, BodyErrors, Parts, documented, parsed
+from trace_service.parsing.body import INLINE_BODY_BYTES, BodyErrors, Parts, documented, parsed
 from trace_service.routers.responses import ERRORS
 
 router = APIRouter(tags=["expansion"])
@@ -60,7 +60,7 @@ def _readable(text: str) -> str:
 def parse_events(body: bytes) -> tuple[list[ExpandEvent], list[RejectedEvent]]:
     """Validate each event on its own: one bad event is rejected with its reason, the others proceed.
     A small body that is valid as a whole (nearly every one) is validated in one pass from its bytes;
-    a large one always event by event (:mod:`trace_service.routers.body`)."""
+    a large one always event by event (:mod:`trace_service.parsing.body`)."""
     if len(body) <= INLINE_BODY_BYTES:
         try:
             return ExpandRequest.model_validate_json(body).events, []

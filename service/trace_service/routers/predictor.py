@@ -10,7 +10,7 @@ from trace_proto import DEFAULT_JOB, PredictorInfo, PredictRequest, PredictRespo
 from trace_proto.v1 import paths
 from trace_proto.v1.limits import JOB_PATTERN
 from trace_service.deps import EvidenceDep, PredictionsDep, PredictorsDep
-from trace_service.routers.body import documented, validated
+from trace_service.parsing.body import documented, validated
 from trace_service.routers.responses import ERRORS
 
 router = APIRouter(tags=["predictor"])

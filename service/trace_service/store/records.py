@@ -11,9 +11,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import orjson
 
+from trace_service.allocation.tree import ROOT, TreeTargets, continuation_flips, tree_targets
 from trace_service.lifecycle import FINISHED, EventStatus, TreeStatus, is_mixed
 from trace_service.store.runner import pairs
-from trace_service.tree import ROOT, TreeTargets, continuation_flips, tree_targets
 
 
 @dataclass(frozen=True)
@@ -275,15 +275,15 @@ class StoredTree:
         return [index[node.parent_id] if node.parent_id else ROOT for node in self.nodes]
 
     def rewards(self) -> list[float]:
-        """Each node's reward, NaN where it is not a scored leaf (``trace_service.tree``'s layout)."""
+        """Each node's reward, NaN where it is not a scored leaf (``allocation.tree``'s layout)."""
         return [node.reward if node.done and node.reward is not None else math.nan for node in self.nodes]
 
     def targets(self, success_threshold: float) -> TreeTargets:
-        """Visits, successes and recursive values V̂ of every node (``trace_service.tree``)."""
+        """Visits, successes and recursive values V̂ of every node (``trace_service.allocation.tree``)."""
         return tree_targets(self.parent_indices(), self.rewards(), success_threshold=success_threshold)
 
     def continuation_flips(self, success_threshold: float) -> tuple[int, float]:
-        """The continuations' flips against fresh rollouts' (``trace_service.tree.continuation_flips``)."""
+        """The continuations' flips against fresh rollouts' (``allocation.tree.continuation_flips``)."""
         return continuation_flips(
             self.parent_indices(),
             self.rewards(),

@@ -1,4 +1,4 @@
-"""Every job's predictor on this replica: one :class:`~trace_service.runtime.PredictorRuntime` per
+"""Every job's predictor on this replica: one :class:`~trace_service.predictor.runtime.PredictorRuntime` per
 training job, created on the job's first request, bounded in memory, trained where the job's lease is.
 
 Two jobs train two policies, so the same prompt has two success rates: each job learns only from its
@@ -47,7 +47,7 @@ from trace_service.predictor import (
     PredictorConfig,
     SuccessPredictor,
 )
-from trace_service.runtime import PredictorRuntime, encode_tree
+from trace_service.predictor.runtime import PredictorRuntime, encode_tree
 from trace_service.store import StoredTree, TreeStore
 
 logger = logging.getLogger(__name__)

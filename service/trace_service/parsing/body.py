@@ -2,7 +2,7 @@
 
 A small body is validated as a whole, on the loop (a thread hand-off would cost more).  A large one is
 validated in a worker thread and in parts: its structure is read in linear time
-(:mod:`trace_service.routers.jsonscan`), then each element of its one large array (the prompts, the
+(:mod:`trace_service.parsing.structure`), then each element of its one large array (the prompts, the
 histories, the events) is validated on its own, then the request around them.  Many short calls let
 the loop take the interpreter back between them, where one call over the whole body would hold it for
 as long as the body takes to parse (a third of a second for 20 MB of numbers).
@@ -20,7 +20,7 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, TypeAdapter, ValidationError, create_model
 
-from trace_service.routers.jsonscan import Structure, TooManyElements
+from trace_service.parsing.structure import Structure, TooManyElements
 
 Model = TypeVar("Model", bound=BaseModel)
 Result = TypeVar("Result")

@@ -1,9 +1,9 @@
 """One job's predictor inside the service: inference off the event loop, training in one place,
-weights shared through the store (``trace_service.predictors`` keeps one per job).
+weights shared through the store (``trace_service.predictor.registry`` keeps one per job).
 
 Every replica serves a job's predictions from its own copy of the job's model.  One replica at a time
 holds the job's trainer lease in the store; it turns the job's completed trees into examples (targets
-V̂ and visit weights from :func:`trace_service.tree.tree_targets`), trains in a worker thread and
+V̂ and visit weights from :func:`trace_service.allocation.tree.tree_targets`), trains in a worker thread and
 publishes versioned weights; the others load a newer version when they see one.
 """
 

@@ -6,7 +6,7 @@ the benchmarks' simulated trees call the same ones, so a change to a round's rul
 1. :func:`branch_depth`: how deep the tree may branch: the request's ``max_branch_depth``, and for a
    policy that shares its continuations, no deeper than its ``agreeing_depth`` while the tree's bare
    rollouts agree (``Sharing.branch_depth``);
-2. :func:`round_candidates`: the prefixes within that depth (``trace_service.tree.prefix_candidates``);
+2. :func:`round_candidates`: the prefixes within that depth (``allocation.tree.prefix_candidates``);
 3. :func:`can_branch`: whether the tree has one, which is what a sharing policy's reserve asks before
    a tree draws from it (``Reserve.draw``);
 4. :func:`place_round`: the round's share over those candidates by the policy's Stage 2 rule, reading
@@ -19,7 +19,7 @@ import numpy as np
 
 from trace_service.allocation import PolicyRules, PrefixInputs, PrefixPlacement, is_mixed
 from trace_service.allocation._validate import FloatArray
-from trace_service.tree import PrefixCandidates, TreeTargets, prefix_candidates
+from trace_service.allocation.tree import PrefixCandidates, TreeTargets, prefix_candidates
 
 
 def branch_depth(
