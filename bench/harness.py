@@ -62,25 +62,29 @@ from trace_service.allocation import (
     Sharing,
     allocate_roots,
     bare_mixed_chance,
+    continuation_budget,
     dapo_keep,
     effective_ratio,
     is_mixed,
     root_value,
     round_budgets,
 )
-from trace_service.allocation.branching import branch_depth, can_branch, place_round
+from trace_service.allocation.branching import can_branch, place_round, round_candidates
 from trace_service.allocation.tree import (
     ROOT,
     FreshnessEstimate,
     PrefixCandidates,
     continuation_flips,
-    prefix_candidates,
     tree_targets,
 )
+from trace_service.lifecycle import is_success
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
+#: A leaf at or above this reward is a success: the service's default threshold (a simulator's rewards
+#: are 0 or 1, so any threshold in (0, 1] agrees).
+SUCCESS_THRESHOLD = 0.5
 #: A prompt whose true success lies below this or above 1 minus it is near-certain: bare rollouts spent
 #: on it are (almost) never a mixed group.
 EXTREME_SUCCESS = 0.05
@@ -204,7 +208,7 @@ class StepConfig:
     @property
     def total_rollouts(self) -> int:
         """R = M + ⌊M·N⌋: what a strategy that branches may spend at most, and what one that does not gets."""
-        return self.bare_rollouts + math.floor(self.bare_rollouts * self.expansion)
+        return self.bare_rollouts + continuation_budget(self.bare_rollouts, self.expansion)
 
     def counted_in(self, unit: BudgetUnit, rollout_turns: float) -> StepConfig:
         """This budget counted in `unit`; in turns it is T = R × `rollout_turns` (`mean_rollout_turns`)."""
@@ -314,7 +318,7 @@ class _Forest:
             self.bare.append(bare)
         if bare:
             self.bare_trials[tree] += 1
-            self.bare_successes[tree] += int(trajectory[-1].reward == 1.0)
+            self.bare_successes[tree] += int(is_success(trajectory[-1].reward or 0.0, SUCCESS_THRESHOLD))
 
     def _local_trees(self) -> Iterator[tuple[int, list[int], list[int]]]:
         """Each started tree: (tree, its global node indices in order, their parents as local indices)."""
@@ -356,39 +360,31 @@ class _Forest:
         return flips, fresh
 
     def candidates(self) -> list[PrefixCandidates]:
-        """Each tree's branching candidates (global node indices), by depth: what
-        `trace_service.allocation.branching.round_candidates` finds in the tree alone, for every tree in
-        one pass
-        (each tree's depth limit is the service's `branch_depth`)."""
-        targets = tree_targets(self.parent, self.reward)
-        found = prefix_candidates(targets, self.max_branch_depth)
-        owner = np.asarray(self.tree_of, dtype=np.int64)[found.nodes]
-        if self.rules.sharing is not None:
-            depth_limit = np.array(
-                [self._branch_depth(tree) for tree in range(len(self.prompts))], dtype=np.float64
+        """Each tree's branching candidates (global node indices), found as the service's Stage 2 finds
+        them: `round_candidates` on the tree alone, its nodes in the service's order (by depth, each
+        depth as reported)."""
+        found = []
+        for tree, nodes in enumerate(self._nodes_by_tree()):
+            if not nodes:
+                found.append(PrefixCandidates(*(np.zeros(0, dtype=kind) for kind in (np.int64, float, bool))))
+                continue
+            depth = {node: self.states[node].turns for node in nodes}
+            ordered = sorted(nodes, key=lambda node: (depth[node], node))
+            local = {node: i for i, node in enumerate(ordered)}
+            parent = [local.get(self.parent[node], ROOT) for node in ordered]
+            targets = tree_targets(parent, [self.reward[node] for node in ordered])
+            mine = round_candidates(
+                targets, self.rules, self.max_branch_depth, self.bare_successes[tree], self.bare_trials[tree]
             )
-            within = targets.depth[found.nodes] <= depth_limit[owner]
-            found = PrefixCandidates(found.nodes[within], found.outcome[within], found.blocked[within])
-            owner = owner[within]
-        # Each tree's candidates in the service's node order (depth, then as reported), on which its
-        # rules break ties.
-        order = np.lexsort((found.nodes, targets.depth[found.nodes], owner))
-        bounds = np.cumsum(np.bincount(owner, minlength=len(self.prompts)))[:-1]
-        return [
-            PrefixCandidates(nodes, outcome, blocked)
-            for nodes, outcome, blocked in zip(
-                np.split(found.nodes[order], bounds),
-                np.split(found.outcome[order], bounds),
-                np.split(found.blocked[order], bounds),
-                strict=True,
-            )
-        ]
+            found.append(PrefixCandidates(np.asarray(ordered)[mine.nodes], mine.outcome, mine.blocked))
+        return found
 
-    def _branch_depth(self, tree: int) -> float:
-        limit = branch_depth(
-            self.rules, self.max_branch_depth, self.bare_successes[tree], self.bare_trials[tree]
-        )
-        return math.inf if limit is None else float(limit)
+    def _nodes_by_tree(self) -> list[list[int]]:
+        """Every tree's global node indices in order (none for a tree not started)."""
+        nodes: list[list[int]] = [[] for _ in self.prompts]
+        for node, tree in enumerate(self.tree_of):
+            nodes[tree].append(node)
+        return nodes
 
     def outcomes(self) -> tuple[IntArray, IntArray, int]:
         """Successes and visits (scored leaves) below each tree's root, and the number of mixed forks."""
@@ -683,7 +679,7 @@ def _branch(
     """
     started = [trials > 0 for trials in forest.bare_trials]
     if ledger.turn_budget is None:
-        shares = [math.floor(planned * config.expansion) for planned in forest.planned]
+        shares = [continuation_budget(planned, config.expansion) for planned in forest.planned]
         sharing = strategy.rules.sharing
         if mixed_chance is not None and sharing is not None:
             shares = _draws(forest, shares, mixed_chance, sharing)
@@ -806,9 +802,8 @@ def _run_continuations(
     ledger.continuation_turns += sum(len(trajectory) for trajectory in trajectories)
     for (tree, node), trajectory in zip(planned, trajectories, strict=True):
         forest.add(tree, node, trajectory, bare=False)
-        # Outcomes are binarised at 0.5, as the trees' targets are.
-        succeeded = (trajectory[-1].reward or 0.0) >= 0.5
-        ledger.flips += succeeded != (forest.observed_outcome[node] >= 0.5)
+        succeeded = is_success(trajectory[-1].reward or 0.0, SUCCESS_THRESHOLD)
+        ledger.flips += succeeded != is_success(forest.observed_outcome[node], SUCCESS_THRESHOLD)
     return [(tree, trajectory) for (tree, _), trajectory in zip(planned, trajectories, strict=True)]
 
 

@@ -56,7 +56,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import math
 import statistics
 import sys
 import tempfile
@@ -94,7 +93,7 @@ from trace_lab.sim.base import PolicyWorkload
 from trace_lab.sim.tabular import softmax_rows as softmax  # π_θ(· | c) row by row
 from trace_lab.sim.workers import SimAgent, prompt_in
 from trace_proto import DEFAULT_CONTROL_SHARE, AllocateRequest, GainEstimate, Policy
-from trace_service.allocation import POLICIES
+from trace_service.allocation import POLICIES, continuation_budget
 from trace_service.allocation.gain import ArmSums
 from trace_service.allocation.tree import FreshnessEstimate, tree_targets
 
@@ -345,7 +344,7 @@ def variant_arm(name: str, known: dict[str, Arm], pilot_share: float) -> Arm | N
 
 def build_arms(bare: int, expansion: float) -> list[Arm]:
     """uniform, every policy of the contract at (M, N), and the oracle, all at R = M + ⌊M·N⌋ rollouts."""
-    total = bare + math.floor(bare * expansion)
+    total = bare + continuation_budget(bare, expansion)
     arms = [Arm(UNIFORM, Policy.UNIFORM, total, 0.0)]
     arms += [
         Arm(UNIFORM_TREE if policy is Policy.UNIFORM else policy.value, policy, bare, expansion)

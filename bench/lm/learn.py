@@ -76,6 +76,7 @@ from trace_client import AsyncTraceClient
 from trace_client.driver import DriverConfig, FinishedTree, History, RolloutDriver, TurnResult
 from trace_lab.local import ServiceProcess
 from trace_proto import DEFAULT_CONTROL_SHARE, AllocateRequest, Policy, PromptIn
+from trace_service.allocation import continuation_budget
 
 UNIFORM = "uniform"
 DEFAULT_ARMS = ("uniform", "dapo", "trace_joint", "trace")
@@ -392,7 +393,7 @@ def build_arms(names: Sequence[str], bare: int, expansion: float) -> list[Arm]:
     """uniform's flat groups at R = M + ⌊M·N⌋; every other name a policy at (M, N), or
     ``<policy>@<variant>``: that policy trained on a `bench.advantages` variant, and ``…~<share>``: with
     that control share (the contract's default otherwise)."""
-    total = bare + int(bare * expansion)
+    total = bare + continuation_budget(bare, expansion)
     arms = []
     for name in names:
         named, _, share = name.partition(SHARE_MARK)
@@ -784,9 +785,10 @@ def main(argv: list[str] | None = None) -> None:
                         save_curve(paths[arm], curve)
                         saved[arm] = curve
                 results.setdefault(name, {})[seed] = {arm: saved[arm] for arm in args.arms}
+    total = args.budget + continuation_budget(args.budget, args.expansion)
     print(
         f"LM learner: {args.seeds} seed(s) × {args.steps} uniform steps, pool B = {args.pool}, uniform "
-        f"{args.budget + int(args.budget * args.expansion)} bare rollouts, the others M = {args.budget} + "
+        f"{total} bare rollouts, the others M = {args.budget} + "
         f"N = {args.expansion:g}; d_model {args.d_model}, {args.layers} layers; equal generated tokens"
     )
     print("\n".join(summary(results)))

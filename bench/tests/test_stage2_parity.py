@@ -114,3 +114,32 @@ async def test_the_harness_places_continuations_where_the_service_does(policy: P
         bench[trees[index].tree_id][node_of[forest.states[node]]] += 1
     assert bench == service
     assert sum(sum(counts.values()) for counts in service.values()) > 0
+
+
+SHARES = [(m, n) for m in (1, 2, 3, 7, 16, 45, 64) for n in (0.0, 0.1, 1 / 3, 0.5, 1.0, 1.4, 2.0, 2.7)]
+
+
+async def test_the_harness_promises_every_share_the_service_does() -> None:
+    """⌊m·N⌋ at every (m, N), m = 45 and N = 1.4 among them (63: a float floor gives 62): the
+    service's allocation and the harness's step (`StepConfig`, a tree's share) agree."""
+    async with running_engine() as engine:
+        for step, (bare, expansion) in enumerate(SHARES):
+            request = AllocateRequest(
+                step=step,
+                budget=bare,
+                min_rollouts=2,
+                max_rollouts=64,
+                expansion=expansion,
+                policy=Policy.UNIFORM,
+                control_share=0.0,
+                prompts=[PromptIn(prompt_id="p")],
+            )
+            trees = (await engine.allocation.allocate(request, None)).trees
+            config = harness.StepConfig(bare_rollouts=bare, expansion=expansion)
+            assert config.total_rollouts - bare == (
+                trees[0].expansion_budget if trees else config.total_rollouts - bare
+            )
+            for tree in trees:
+                forest_share = harness.continuation_budget(tree.rollouts, expansion)
+                assert tree.expansion_budget == forest_share, (bare, expansion)
+        assert harness.continuation_budget(45, 1.4) == 63

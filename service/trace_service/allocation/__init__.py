@@ -27,6 +27,7 @@ from trace_service.allocation.stage1 import (
 from trace_service.allocation.stage2 import (
     DEFAULT_MIN_GAIN,
     PrefixExpansion,
+    continuation_budget,
     expand_prefixes,
     prefix_value,
     repeat_probability,
@@ -51,6 +52,7 @@ __all__ = [
     "allocate_roots",
     "allocate_roots_exact",
     "bare_mixed_chance",
+    "continuation_budget",
     "dapo_keep",
     "effective_ratio",
     "expand_prefixes",

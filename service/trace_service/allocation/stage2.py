@@ -16,7 +16,9 @@ over the unblocked candidates (the TreePO-style fallback) and counted, or left u
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 import numpy.typing as npt
@@ -121,6 +123,23 @@ def _useful_continuations(q: FloatArray, min_gain: float) -> int:
     elif interior.size:
         return np.iinfo(np.int32).max
     return most
+
+
+#: m·N that is an integer in exact arithmetic (m = 45, N = 1.4) must not floor one below it.
+_FLOOR_TOLERANCE = 1e-9
+
+
+@overload
+def continuation_budget(rollouts: int, expansion: float) -> int: ...
+@overload
+def continuation_budget(rollouts: IntArray, expansion: float) -> IntArray: ...
+def continuation_budget(rollouts: int | IntArray, expansion: float) -> int | IntArray:
+    """``⌊m·N⌋``: the continuations a tree of ``m`` bare rollouts is promised at expansion ``N`` (the
+    one rule for it: the service's allocations and the benchmarks' budgets)."""
+    if not (math.isfinite(expansion) and expansion >= 0.0):
+        raise ValueError(f"expansion must be a finite number >= 0, got {expansion}")
+    floored = np.floor(np.asarray(rollouts, dtype=np.float64) * expansion + _FLOOR_TOLERANCE).astype(np.int64)
+    return int(floored) if np.ndim(floored) == 0 else floored
 
 
 def round_budgets(total: int, rounds: int) -> list[int]:

@@ -9,7 +9,14 @@ import numpy as np
 import numpy.typing as npt
 
 from trace_proto import AllocateRequest, AllocateResponse, Policy
-from trace_service.allocation import POLICIES, Reserve, RootInputs, bare_mixed_chance, root_value
+from trace_service.allocation import (
+    POLICIES,
+    Reserve,
+    RootInputs,
+    bare_mixed_chance,
+    continuation_budget,
+    root_value,
+)
 from trace_service.allocation.control import plan_roots
 from trace_service.allocation.trust import Trust
 from trace_service.engine.common import Clock, IdempotencyConflictError, fresh_ids
@@ -155,7 +162,7 @@ class Allocation:
             self._rng,
         )
         counts = plan.counts
-        expansion = np.floor(counts * request.expansion + 1e-9).astype(np.int64).tolist()
+        expansion = continuation_budget(counts, request.expansion).tolist()
         rollouts, predicted, control = counts.tolist(), v.tolist(), plan.control.tolist()
         mixed_chance = bare_mixed_chance(read, counts).tolist()
         active = [i for i, count in enumerate(rollouts) if count > 0]
