@@ -8,11 +8,12 @@ The states are the contract's :class:`~trace_proto.TreeStatus`::
         └──closed by the trainer──▶ closed ◀──closed by the trainer
 
 *Settled* means every bare rollout and every promised continuation has a scored leaf.  A settled tree
-gets a Stage 2 round while rounds remain, budget is left (``expansion_budget − promised − returned``)
-and it has a scored bare leaf to branch from (:data:`LUA_PRELUDE`'s ``settled_status``); otherwise it
-is complete.  A round that places nothing also completes it: the tree is as it was, so a later round
-would find no more to branch.  ``complete`` and ``closed`` are final (:data:`FINISHED`): a finished
-tree takes no more turns (:attr:`EventStatus.TREE_FINISHED`) and no Stage 2 decision.
+gets a Stage 2 round while rounds remain, budget is left (:data:`LUA_PRELUDE`'s ``budget_left``, the
+only place it is counted; the store keeps it as the tree's ``left``) and it has a scored bare leaf to
+branch from (``settled_status``); otherwise it is complete.  A round that places nothing also
+completes it: the tree is as it was, so a later round would find no more to branch.  ``complete`` and
+``closed`` are final (:data:`FINISHED`): a finished tree takes no more turns
+(:attr:`EventStatus.TREE_FINISHED`) and no Stage 2 decision.
 
 The store's Lua scripts make these transitions atomically, each script prefixed with
 :data:`LUA_PRELUDE`, which this module generates from the enums below: the status strings and event
@@ -29,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from trace_proto import EventStatus, TreeStatus
-from trace_service.allocation import is_mixed, round_budgets
+from trace_service.allocation import is_mixed
 from trace_service.allocation._validate import FloatArray
 
 BoolArray = npt.NDArray[np.bool_]
@@ -42,7 +43,6 @@ __all__ = [
     "TreeStatus",
     "is_mixed",
     "is_success",
-    "round_share",
 ]
 
 #: States a tree never leaves.
@@ -67,13 +67,6 @@ def is_success(reward: float | FloatArray, threshold: float) -> bool | BoolArray
     return reward >= threshold
 
 
-def round_share(expansion_budget: int, rounds: int, round_: int, promised: int, returned: int) -> int:
-    """Continuations Stage 2 round ``round_`` (from 1) may place: the budget of rounds 1…``round_``
-    (:func:`~trace_service.allocation.round_budgets`) less what earlier rounds promised or returned."""
-    shares = round_budgets(expansion_budget, rounds)
-    return max(sum(shares[:round_]) - promised - returned, 0)
-
-
 def _lua_table(items: Mapping[str, str]) -> str:
     """A Lua table constructor from names and Lua expressions."""
     return "{" + ", ".join(f"{name} = {value}" for name, value in items.items()) + "}"
@@ -89,7 +82,8 @@ LUA_PRELUDE = "\n".join(
         f"local FINISHED = {_lua_table({s.value: 'true' for s in sorted(FINISHED)})}",
         "local function is_finished(status) return FINISHED[status] == true end",
         "local function is_success(reward, threshold) return tonumber(reward) >= threshold end",
-        "-- Continuations neither promised by a Stage 2 round nor returned (round_share: the same books).",
+        "-- Continuations neither promised by a Stage 2 round nor returned: the one place this is counted",
+        "-- (a claim and every decision store it as the tree's `left`, which Stage 2 reads).",
         "local function budget_left(expansion_budget, promised, returned)",
         "  return expansion_budget - promised - returned",
         "end",

@@ -10,7 +10,8 @@ import pytest
 
 from trace_proto import EventStatus, TreeStatus
 from trace_service.allocation import round_budgets
-from trace_service.lifecycle import FINISHED, LUA_PRELUDE, TRANSITIONS, is_mixed, is_success, round_share
+from trace_service.allocation.branching import round_share
+from trace_service.lifecycle import FINISHED, LUA_PRELUDE, TRANSITIONS, is_mixed, is_success
 from trace_service.store.runner import SCRIPTS, script_source
 
 
@@ -72,7 +73,7 @@ def test_a_group_is_mixed_when_it_holds_a_success_and_a_failure(
 
 def test_a_round_shares_the_budget_of_the_rounds_so_far_less_what_was_decided() -> None:
     assert round_budgets(5, 2) == [3, 2]
-    assert round_share(5, 2, 1, promised=0, returned=0) == 3
-    assert round_share(5, 2, 2, promised=2, returned=1) == 2  # round 1 left nothing over
-    assert round_share(5, 2, 2, promised=1, returned=0) == 4  # round 1 placed one of its three
-    assert round_share(5, 2, 2, promised=5, returned=1) == 0  # never negative
+    assert round_share(5, 5, 2, 1) == 3  # nothing decided yet: round 2 keeps its 2
+    assert round_share(2, 5, 2, 2) == 2  # round 1 promised 2 and returned 1: 2 left
+    assert round_share(4, 5, 2, 2) == 4  # round 1 placed one of its three and returned none
+    assert round_share(0, 5, 2, 2) == 0  # nothing left

@@ -3,6 +3,7 @@ operation returns and keeps, and the tree life cycle as the store scripts make i
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 from collections.abc import Sequence
@@ -679,8 +680,8 @@ async def test_deleting_a_job_removes_its_trees_and_keys_and_nothing_else(store:
 
 
 async def test_reserve_draws_follow_the_rule_and_are_made_once(store: TreeStore) -> None:
-    """draw_continuations.lua is Reserve.draw, and a repeated draw (a decision taken over) is the
-    first one; a second create never resets a reserve that has been drawn from."""
+    """The store's draws are Reserve.draw's, and a repeated draw (a decision taken over) is the first
+    one; a second create never resets a reserve that has been drawn from."""
     rows = [  # tree, share, mixed chance, agrees, can branch
         ("t1", 4, 0.75, False, True),
         ("t2", 2, 0.25, True, True),
@@ -703,6 +704,25 @@ async def test_reserve_draws_follow_the_rule_and_are_made_once(store: TreeStore)
         await store.create_reserve(JOB, "alloc", Reserve.of([100], [0.0]))  # changes nothing
     assert reserve.left == 6  # t5 left its share after the last taker, and cannot branch itself
     assert await store.redis.ttl(store.keys.continuation_reserve(JOB, "alloc")) > 0
+
+
+async def test_concurrent_draws_never_draw_more_than_the_reserve(store: TreeStore) -> None:
+    """Trees drawing at once (replicas deciding side by side) each draw once, by the rule on the
+    state left by the draws recorded before theirs: every draw in some order, never more in all."""
+    shares = [3, 5, 2, 4, 6, 1, 3, 4]
+    await store.create_reserve(JOB, "alloc", Reserve.of(shares, [0.25] * len(shares)))
+    drawn = await asyncio.gather(
+        *(
+            store.draw_continuations(
+                JOB, "alloc", f"t{i}", share=share, mixed_chance=0.25, agrees=True, can_branch=True
+            )
+            for i, share in enumerate(shares)
+        )
+    )
+    assert sum(drawn) <= sum(shares)
+    assert all(d >= share for d, share in zip(drawn, shares, strict=True))  # every taker its own share
+    left = await store.redis.hget(store.keys.continuation_reserve(JOB, "alloc"), "left")
+    assert int(left) == sum(shares) - sum(drawn)
 
 
 async def test_without_a_reserve_a_tree_draws_its_own_share(store: TreeStore) -> None:

@@ -108,13 +108,13 @@ class Reserve:
         )
 
     def draw(self, share: int, mixed_chance: float, *, agrees: bool, can_branch: bool) -> tuple[int, Reserve]:
-        """The continuations a tree with share ``b``, chance ``q`` draws (the module's rule), and the
-        reserve after it: it takes when its bare group ``agrees`` and it ``can_branch`` (has a prefix
-        to branch from)."""
-        non_negative_int(share, "share")
+        """The continuations a tree with share ``b``, chance ``q`` draws (the module's rule, its one
+        implementation: the store records a draw by compare-and-set), and the reserve after it: it
+        takes when its bare group ``agrees`` and it ``can_branch`` (has a prefix to branch from).  A
+        share above what is pending counts as what is pending."""
+        # Never more than is still reserved for the undecided trees (a reserve made again, say).
+        share = min(non_negative_int(share, "share"), self.pending)
         q = _chance(mixed_chance)
-        if share > self.pending:
-            raise ValueError(f"a share of {share} is more than the {self.pending} still pending")
         surplus = self.left - self.pending
         pending = self.pending - share
         expected_left = expected_taken = 0.0

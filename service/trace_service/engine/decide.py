@@ -18,11 +18,10 @@ from trace_service.allocation import (
     is_mixed,
     spread_evenly,
 )
-from trace_service.allocation.branching import can_branch, place_round, round_candidates
+from trace_service.allocation.branching import can_branch, place_round, round_candidates, round_share
 from trace_service.allocation.tree import PrefixCandidates
 from trace_service.engine.common import Clock, IntArray, fresh_ids
 from trace_service.engine.completion import Completion
-from trace_service.lifecycle import round_share
 from trace_service.metrics import Metrics
 from trace_service.offload import off_loop, release
 from trace_service.predictor import OutcomeCounts, Query
@@ -89,9 +88,10 @@ class Stage2:
             if round_ == 1 and rules.sharing is not None:
                 branches = candidates is not None and can_branch(candidates)
                 budget = await self._draw(tree.meta, rules.sharing, branches)
-                tree = replace(tree, meta=replace(tree.meta, expansion_budget=budget))
+                # Round 1 has promised and returned nothing: what it draws is all that is left.
+                tree = replace(tree, meta=replace(tree.meta, expansion_budget=budget, left=budget))
             meta = tree.meta
-            share = _round_share(meta, round_)
+            share = round_share(meta.left, meta.expansion_budget, meta.rounds, round_)
             counts, node_ids, predictions, fallback = await self._placement(tree, rules, candidates, share)
             placed = [(node_ids[i], count) for i, count in enumerate(counts.tolist()) if count > 0]
             instructions = [
@@ -197,8 +197,3 @@ def _spread(meta: TreeMeta, candidates: int, share: int) -> IntArray:
     if meta.return_unspent:
         return np.zeros(candidates, dtype=np.int64)
     return spread_evenly(np.ones(candidates, dtype=bool), share)
-
-
-def _round_share(meta: TreeMeta, round_: int) -> int:
-    """The continuations round ``round_`` may place (:func:`trace_service.lifecycle.round_share`)."""
-    return round_share(meta.expansion_budget, meta.rounds, round_, meta.promised, meta.returned)

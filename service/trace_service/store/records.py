@@ -80,7 +80,9 @@ class TreeMeta:
     """A tree's header and counters (everything in its meta hash but the prompt text)."""
 
     #: The meta hash fields a TreeMeta is read from.
-    FIELDS = ("spec", "job", "status", "rollouts", "expansion_budget", "rounds", "finished_at", *_COUNTERS)
+    FIELDS = (
+        "spec", "job", "status", "rollouts", "expansion_budget", "rounds", "finished_at", "left", *_COUNTERS,
+    )  # fmt: skip
     #: The fields only the scripts use: a Stage 2 claim (round, token, lease end) and the last update.
     SCRIPT_FIELDS = ("decision_round", "decision_token", "decision_until", "updated_at")
 
@@ -114,6 +116,7 @@ class TreeMeta:
     max_branch_depth: int | None = None
     control: bool = False
     mixed_chance: float = 0.0
+    left: int = 0  # continuations neither promised nor returned, as the store last counted them
 
     @property
     def leaves(self) -> int:
@@ -152,6 +155,7 @@ class TreeMeta:
             max_branch_depth=spec["max_branch_depth"],
             control=bool(spec["control"]),
             mixed_chance=float(spec["mixed_chance"]),
+            left=int(raw.get("left") or 0),
             **counters,
         )
 

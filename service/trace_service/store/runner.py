@@ -35,7 +35,7 @@ SCRIPTS = (
     "load_tree",
     "push_completed",
     "create_reserve",
-    "draw_continuations",
+    "commit_draw",
     "release_lease",
     "hold_lease",
     "job_write",

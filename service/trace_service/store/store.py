@@ -172,17 +172,34 @@ class TreeStore:
         agrees: bool,
         can_branch: bool,
     ) -> int:
-        """Tree ``tree_id``'s draw from its allocation's reserve (``Reserve.draw``; the same draw on a
-        retry), or its own ``share`` when the reserve is gone."""
-        flags = [1 if agrees else 0, 1 if can_branch else 0]
-        drawn = await self.scripts.run(
-            ScriptCall(
-                "draw_continuations",
-                [self.keys.continuation_reserve(job, allocation_id)],
-                [tree_id, share, repr(float(mixed_chance)), *flags, self.job_ttl],
+        """Tree ``tree_id``'s draw from its allocation's reserve, by the rule ``Reserve.draw`` on the
+        state read here, recorded only if no other draw changed that state in between (read again and
+        retry when one did); the same draw on a retry of the tree's decision, and its own ``share`` when
+        the reserve is gone."""
+        key = self.keys.continuation_reserve(job, allocation_id)
+        field = f"d:{tree_id}"
+        while True:
+            raw = await self.redis.hmget(
+                key, ["left", "pending", "expected_left", "expected_taken", "version", field]
             )
-        )
-        return int(drawn)
+            left, pending, expected_left, expected_taken, version, before = (
+                None if value is None else text(value) for value in raw
+            )
+            if left is None or pending is None or expected_left is None or expected_taken is None:
+                return share  # expired with the job's keys: the tree spends its own share
+            if before is not None:
+                return int(before)
+            reserve = Reserve(int(left), int(pending), float(expected_left), float(expected_taken))
+            drawn, after = reserve.draw(share, mixed_chance, agrees=agrees, can_branch=can_branch)
+            state = [after.left, after.pending, repr(after.expected_left), repr(after.expected_taken)]
+            read = int(version or 0)
+            call = ScriptCall("commit_draw", [key], [tree_id, read, drawn, *state, self.job_ttl])
+            status, recorded = (int(value) for value in await self.scripts.run(call))
+            if status == -1:
+                return share
+            if status >= 0:
+                return recorded
+            # status -2: another tree's draw came first; read the reserve again
 
     async def recall_response(self, job: str, key: str) -> tuple[str, str] | None:
         """The (request fingerprint, response) remembered under an idempotency key."""

@@ -155,8 +155,9 @@ if not is_finished(status) and settled and not (pending > 0 and num(m.decision_u
   if status == STATUS.EXPANDING then
     decision = pending > 0 and pending or round + 1
     token = claim_token
+    -- The claimant reads what is left from here (the Stage 2 books are kept in this store only).
     redis.call('HSET', meta_key, 'decision_round', decision, 'decision_token', token,
-               'decision_until', now + lease, 'status', status)
+               'decision_until', now + lease, 'status', status, 'left', left)
   else
     completed = 1
     redis.call('HSET', meta_key, 'status', status, 'finished_at', now)

@@ -25,15 +25,16 @@ end
 for node_id, value in pairs(predictions) do redis.call('HSET', pred_key, node_id, value) end
 local total_promised = redis.call('HINCRBY', meta_key, 'promised', promised)
 local total_returned = redis.call('HINCRBY', meta_key, 'returned', returned)
+local left = budget_left(tonumber(redis.call('HGET', meta_key, 'expansion_budget')) or 0, total_promised, total_returned)
+redis.call('HSET', meta_key, 'left', left)
 redis.call('HINCRBY', meta_key, 'fallback', fallback)
 redis.call('HSET', meta_key, 'round', round, 'decision_round', 0, 'decision_token', '', 'updated_at', now)
 local completed = 0
 if promised == 0 then
   -- Nothing to branch (no candidates, or the budget was returned): nothing is outstanding, so the tree
   -- is settled, and the life cycle decides what it becomes.
-  local m = redis.call('HMGET', meta_key, 'rounds', 'expansion_budget', 'bare_leaves')
-  local left = budget_left(tonumber(m[2]) or 0, total_promised, total_returned)
-  local status = settled_status(round, tonumber(m[1]) or 0, left, tonumber(m[3]) or 0, false)
+  local m = redis.call('HMGET', meta_key, 'rounds', 'bare_leaves')
+  local status = settled_status(round, tonumber(m[1]) or 0, left, tonumber(m[2]) or 0, false)
   if is_finished(status) then
     completed = 1
     redis.call('HSET', meta_key, 'status', status, 'finished_at', now)
