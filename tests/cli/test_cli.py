@@ -1,5 +1,5 @@
 """`trace-rollout`: version, help texts, exit statuses and one-line errors, settings validation at start,
-and the README's command table against the parsers (the service's and the demo's)."""
+and docs/operations.md's command table against the parsers (the service's and the demo's)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from trace_service import __version__, cli
 from trace_service.logs import JsonFormatter
 from trace_service.settings import Settings
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 
 
 def subcommands() -> dict[str, argparse.ArgumentParser]:
@@ -193,14 +193,14 @@ def test_openapi_check_of_a_stale_document_is_one_line(
     )
 
 
-def readme_commands() -> dict[str, tuple[str, list[str]]]:
-    """The README's command table: command line -> (what it does, options)."""
-    section = README.read_text().split("## Command line", 1)[1].split("\n## ", 1)[0]
+def documented_commands() -> dict[str, tuple[str, list[str]]]:
+    """docs/operations.md's command table: command line -> (what it does, options)."""
+    section = OPERATIONS.read_text().split("## Command line", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| `([\w -]+)` \| (.+?) \| (.+?) \|$", section, flags=re.MULTILINE)
     return {name: (summary, re.findall(r"`(--[\w-]+)`", options)) for name, summary, options in rows}
 
 
-def test_the_readme_command_table_matches_the_parsers() -> None:
+def test_the_documented_command_table_matches_the_parsers() -> None:
     parser = cli.build_parser()
     (commands,) = (action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
     summaries = {choice.dest: choice.help for choice in commands._choices_actions}
@@ -210,7 +210,7 @@ def test_the_readme_command_table_matches_the_parsers() -> None:
     }
     demo = demo_cli.build_parser()
     expected[demo.prog] = (demo_cli.SUMMARY, [action.option_strings[0] for action in options_of(demo)])
-    assert readme_commands() == expected
+    assert documented_commands() == expected
 
 
 def test_a_store_that_does_not_answer_stops_the_start_with_one_line(
