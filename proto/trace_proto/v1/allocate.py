@@ -236,10 +236,14 @@ class SkippedPrompt(ResponseModel):
 class TrustMap(ResponseModel):
     """How Stage 1 read the predictor: `v' = σ(intercept + slope·(logit Ṽ − center))`, fitted to the
     job's control trees (slope 0: every prompt alike, uniform's allocation; 1 with intercept ≈ center:
-    the predictor as it is)."""
+    the predictor as it is).  `slope` is the lower 90% bound of the fitted slope, never below 0."""
 
     intercept: Real
     slope: Annotated[Real, Field(ge=0.0)]
+    fitted_slope: Annotated[Real, Field(ge=0.0)] = Field(
+        description="The slope that fits the control groups best; `slope` is its lower 90% bound."
+    )
+    slope_error: Annotated[Real, Field(ge=0.0)] = Field(description="The fitted slope's standard error.")
     center: Real
     groups: Count = Field(description="Control groups the map was fitted to.")
     dispersion: Annotated[Real, Field(ge=1.0)] = Field(

@@ -19,6 +19,12 @@ slope and A a loose scale for the level.  With no evidence, or a predictor with 
 b → 0 and every prompt gets the same v' — Stage 1 then deals the budget as uniform does; with a
 calibrated predictor of real skill, b → 1 and v' → v — Stage 1 is TRACE's.  An over-confident predictor
 gets 0 < b < 1 (its predictions shrunk toward the pool's mean), an under-confident one b > 1.
+
+Stage 1 acts on the slope's lower 90% bound, ``b₋ = max(b̂ − z·σ_b, 0)`` (``σ_b²`` the slope's entry of
+the inverse negative Hessian of the objective at its maximum, ``z = 1.645``): Stage 1's objective ties
+groups of 2 and 3 exactly (both ``v(1 − v)`` per rollout), so any spread of ``v'`` tips a plan from
+uniform's to one that skips prompts, and a slope that noise alone could give must not do that.  Until
+the evidence shows skill at 90%, every prompt gets the same ``v'``.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from trace_service.allocation._validate import FloatArray, probabilities
+from trace_service.allocation.gain import Z_90
 
 #: The prior scale τ of the slope: evidence must show skill before Stage 1 acts on it.
 SLOPE_PRIOR_SCALE = 1.0
@@ -52,14 +59,18 @@ def _logit(v: FloatArray) -> FloatArray:
 
 @dataclass(frozen=True, slots=True)
 class Trust:
-    """The fitted map ``v' = σ(intercept + slope·(logit v − center))``, from ``groups`` control groups of
-    overdispersion ``dispersion``.  ``Trust()`` (no evidence) maps every prediction to one value."""
+    """The map ``v' = σ(intercept + slope·(logit v − center))`` Stage 1 applies, from ``groups`` control
+    groups of overdispersion ``dispersion``: ``slope`` is the lower bound of the fitted
+    ``fitted_slope ± z·slope_error`` (the module's rule).  ``Trust()`` (no evidence) maps every
+    prediction to one value."""
 
     intercept: float = 0.0
     slope: float = 0.0
     center: float = 0.0
     groups: int = 0
     dispersion: float = 1.0
+    fitted_slope: float = 0.0
+    slope_error: float = 0.0
 
     def apply(self, predicted: npt.ArrayLike) -> FloatArray:
         """The recalibrated predictions, in (0, 1)."""
@@ -116,7 +127,10 @@ def fit_trust(
         intercept, slope = _maximise(x, s, n, dispersion, slope_scale)
         dispersion = _overdispersion(intercept + slope * x, s, n)
     intercept, slope = _maximise(x, s, n, dispersion, slope_scale)
-    return Trust(intercept, slope, center, int(n.size), dispersion)
+    _, information = _derivatives(intercept, slope, x, s, n, dispersion, slope_scale)
+    error = math.sqrt(float(np.linalg.inv(information)[1, 1]))
+    bound = max(slope - Z_90 * error, 0.0)
+    return Trust(intercept, bound, center, int(n.size), dispersion, fitted_slope=slope, slope_error=error)
 
 
 def _maximise(
@@ -135,14 +149,8 @@ def _newton(
 ) -> tuple[float, float]:
     """Newton's method with step halving from (0, 0), over (a, b) or over a alone (b = 0)."""
     a, b = 0.0, 0.0
-    precision = np.array([1.0 / LEVEL_PRIOR_SCALE**2, 1.0 / slope_scale**2])
     for _ in range(_NEWTON_STEPS):
-        mu = _sigmoid(a + b * x)
-        residual = (s - n * mu) / dispersion
-        weight = n * mu * (1.0 - mu) / dispersion
-        gradient = np.array([residual.sum(), (residual * x).sum()]) - precision * np.array([a, b])
-        cross = float((weight * x).sum())
-        hessian = np.array([[weight.sum(), cross], [cross, (weight * x * x).sum()]]) + np.diag(precision)
+        gradient, hessian = _derivatives(a, b, x, s, n, dispersion, slope_scale)
         if not free_slope:
             gradient[1], hessian[0, 1], hessian[1, 0] = 0.0, 0.0, 0.0
         step = np.linalg.solve(hessian, gradient)
@@ -158,6 +166,20 @@ def _newton(
         if abs(scale * step).max() < 1e-10:
             break
     return a, b
+
+
+def _derivatives(
+    a: float, b: float, x: FloatArray, s: FloatArray, n: FloatArray, dispersion: float, slope_scale: float
+) -> tuple[FloatArray, FloatArray]:
+    """The gradient of :func:`trust_objective` at (a, b) and its negative Hessian (the information)."""
+    precision = np.array([1.0 / LEVEL_PRIOR_SCALE**2, 1.0 / slope_scale**2])
+    mu = _sigmoid(a + b * x)
+    residual = (s - n * mu) / dispersion
+    weight = n * mu * (1.0 - mu) / dispersion
+    gradient = np.array([residual.sum(), (residual * x).sum()]) - precision * np.array([a, b])
+    cross = float((weight * x).sum())
+    information = np.array([[weight.sum(), cross], [cross, (weight * x * x).sum()]]) + np.diag(precision)
+    return gradient, information
 
 
 def _overdispersion(eta: FloatArray, s: FloatArray, n: FloatArray) -> float:

@@ -53,6 +53,8 @@ def trust_map(trust: Trust) -> TrustMap:
     return TrustMap(
         intercept=trust.intercept,
         slope=trust.slope,
+        fitted_slope=trust.fitted_slope,
+        slope_error=trust.slope_error,
         center=trust.center,
         groups=trust.groups,
         dispersion=trust.dispersion,
