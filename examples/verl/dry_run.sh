@@ -16,4 +16,4 @@ for _ in $(seq 100); do
   sleep 0.2
 done
 # verl warns at import about the training engines a CPU machine lacks; they play no part here
-python -W ignore::UserWarning -m trace_client.integrations.verl.dry_run --url "http://127.0.0.1:$port" "$@"
+python -W ignore::UserWarning -m trace_lab.verl_dry_run --url "http://127.0.0.1:$port" "$@"

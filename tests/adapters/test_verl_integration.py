@@ -4,7 +4,6 @@ dry run, its TransferQueue workers, replay buffer, trainer advantage step and st
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,12 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from adapter_trees import finished_tree
 from hydra import compose, initialize_config_dir
-from hypothesis import given
-from hypothesis import strategies as st
 from omegaconf import DictConfig, OmegaConf
-from support import make_settings
 from transformers import AutoTokenizer
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap
 from verl.protocol import DataProto
@@ -32,63 +27,24 @@ from verl.utils.config import validate_config
 from verl.utils.dataset.rl_dataset import RLHFDataset
 from verl.utils.import_utils import load_class_from_fqn, load_extern_object
 from verl.workers.rollout.replica import TokenOutput
+from verl_support import compose_config, idle_settings, tree_sessions
 
 from trace_client import TraceClient
 from trace_client.driver import History, TurnResult, TurnTokens
 from trace_client.integrations import verl as integration
-from trace_client.integrations.verl import dry_run
+from trace_client.integrations.verl import estimator as trace_estimator
 from trace_client.integrations.verl import replay_buffer as trace_replay_buffer
+from trace_lab import verl_dry_run as dry_run
 from trace_lab.local import ThreadedService
 from trace_lab.sim import SimConfig, SimWorkload
-from trace_proto import PredictorInfo, PromptIn, TreeResponse
+from trace_proto import PromptIn
 
 pytestmark = pytest.mark.framework
-
-# n0 ─┬─ n1 (leaf 1.0)      n3 ── n4 (leaf 0.0)
-#     └─ n2 (leaf 0.0, a continuation branched from n0)
-PARENTS = [-1, 0, 0, -1, 3]
-REWARDS = {1: 1.0, 2: 0.0, 4: 0.0}
-ADVANTAGES = [0.5, 0.25, -0.75, -0.5, -0.125]
-TOKENS = {
-    0: TurnTokens((10, 11, 12), mask=(1, 1, 0)),
-    1: TurnTokens((13,)),
-    2: TurnTokens((14, 15)),
-    3: TurnTokens((16, 17)),
-    4: TurnTokens((18,)),
-}
-
-
-def tree_sessions(response_length: int = 64) -> list[list[integration.TraceAgentLoopOutput]]:
-    finished = finished_tree(PARENTS, REWARDS, advantages=ADVANTAGES, tokens=TOKENS)
-    # n2 is the continuation: an instruction of the service started it
-    nodes = [
-        node.model_copy(update={"instruction_id": "i2"}) if node.node_id == "n2" else node
-        for node in finished.tree.nodes
-    ]
-    finished = dataclasses.replace(finished, tree=finished.tree.model_copy(update={"nodes": nodes}))
-    return integration.session_outputs(finished, [1, 2], response_length, weights_versions=(4, 5))
 
 
 @pytest.fixture(scope="module")
 def verl_config() -> DictConfig:
     return compose_config("http://127.0.0.1:1")
-
-
-def compose_config(url: str, *extra: str, model_dir: Path | None = None, mode: str = "sync") -> DictConfig:
-    import verl
-
-    overrides = [*integration.trace_overrides(url, mode=mode, expansion=1.0), *extra]
-    if model_dir is not None:
-        overrides += [f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=vllm"]
-    with initialize_config_dir(
-        config_dir=str(Path(verl.__file__).parent / "trainer/config"), version_base=None
-    ):
-        return compose("ppo_trainer", overrides=overrides)
-
-
-def idle_settings() -> Any:
-    """Service settings whose background loops stay idle for the length of a test."""
-    return make_settings(train_interval_seconds=60.0, sweep_interval_seconds=60.0)
 
 
 # --- the estimator ---------------------------------------------------------------------------------------
@@ -130,7 +86,7 @@ def stored_advantages(monkeypatch: pytest.MonkeyPatch) -> dict[str, torch.Tensor
     def lookup(keys: Sequence[str]) -> list[torch.Tensor]:
         return [store[key] for key in keys]
 
-    monkeypatch.setattr(integration, "path_advantages", lookup)
+    monkeypatch.setattr(trace_estimator, "path_advantages", lookup)
     return store
 
 
@@ -227,181 +183,6 @@ def test_a_path_longer_than_the_response_length_is_cut_to_it() -> None:
     assert cut.extra_fields["trace_truncated"] == 1
     assert first[0].extra_fields["trace_truncated"] == 0
     assert cut.as_dict()["rm_scores"].tolist() == [0.0, 0.0, 0.0, cut.path_reward]
-
-
-# --- the step's trace/ figures ----------------------------------------------------------------------------
-
-
-def test_the_trained_figures_count_trees_mixed_trees_and_paths() -> None:
-    first, second = tree_sessions(response_length=4)
-    fields = [output.extra_fields for output in [*first, *second]]
-    unmixed = {**fields[0], "trace_tree_id": "t2", "trace_tree_mixed": False}
-    not_trace: dict[str, Any] = {"reward_extra_info": {}}  # a row of another agent loop is not counted
-    assert trace_replay_buffer.trained_figures([*fields, unmixed, not_trace]) == {
-        "trace/trees": 2,
-        "trace/mixed_trees": 1,
-        "trace/effective_ratio": 0.5,
-        "trace/paths": 4,
-        "trace/bare_rollouts": 3,
-        "trace/continuations": 1,
-        "trace/truncated_paths": 1,
-    }
-    assert "trace/effective_ratio" not in trace_replay_buffer.trained_figures([])
-
-
-def allocation_figures(prompts: int, skipped: int, version: int, brier: float | None = None) -> Any:
-    predictor = PredictorInfo(version=version, examples_seen=10 * version, brier=brier, device="cpu")
-    return trace_replay_buffer.AllocationFigures(
-        prompts=prompts,
-        skipped_prompts=skipped,
-        bare_rollouts=2 * (prompts - skipped),
-        continuations_promised=prompts - skipped,
-        expected_mixed=0.5,
-        predictor_version=version,
-        predictor=predictor,
-    )
-
-
-def test_a_step_keeps_its_allocation_figures_until_the_replay_buffer_takes_them() -> None:
-    board = trace_replay_buffer._AllocationBoard()
-    board.publish(1, allocation_figures(8, 2, version=1), groups=8)
-    board.publish(2, allocation_figures(8, 4, version=2), groups=8)
-    board.publish(2, allocation_figures(1, 0, version=3, brier=0.2), groups=1)  # a refill in the same step
-    board.publish(3, allocation_figures(8, 4, version=3), groups=8)  # dispatched ahead (asynchronous)
-    taken = board.take(2)
-    assert taken is not None and board.take(1) is None  # an earlier step not taken yet goes with it
-    assert board.take(2) is None  # once
-    metrics = taken.metrics()
-    assert {name: metrics[name] for name in ("trace/prompts", "trace/skipped_prompts")} == {
-        "trace/prompts": 17,
-        "trace/skipped_prompts": 6,
-    }
-    assert (metrics["trace/bare_rollouts_promised"], metrics["trace/expected_mixed"]) == (22, 1.5)
-    assert (metrics["trace/predictor/version"], metrics["trace/predictor/brier"]) == (3, 0.2)
-    # quality figures not measured yet are left out: verl's logger takes numbers only
-    assert "trace/predictor/ece" not in metrics
-    assert set(metrics) <= set(integration.TRACE_METRICS)
-    # what an asynchronous sample's quota is made of: every allocation so far, taken or not
-    assert board.rollouts_per_group() == pytest.approx((12 + 8 + 2 + 8) / 25)
-
-
-@given(
-    groups=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 4)), min_size=0, max_size=12),
-    quota=st.floats(0.5, 30.0),
-)
-def test_a_sample_takes_the_oldest_groups_until_their_bare_rollouts_reach_its_quota(
-    groups: list[tuple[int, int]], quota: float
-) -> None:
-    steps = {f"g{k}": step for k, (step, _) in enumerate(groups)}
-    rollouts = {f"g{k}": n for k, (_, n) in enumerate(groups) if n}
-    chosen = trace_replay_buffer.groups_for_quota(set(steps), steps, rollouts, quota)
-    ordered = sorted(steps, key=lambda uid: (steps[uid], uid))
-    assert chosen == ordered[: len(chosen)]  # oldest first, as verl orders them
-    taken = sum(rollouts.get(uid, 0) for uid in chosen)
-    if sum(rollouts.values()) < quota:
-        assert chosen == ordered  # not enough yet: everything (the buffer waits instead)
-    else:
-        assert taken >= quota  # enough, and no group more than needed
-        assert sum(rollouts.get(uid, 0) for uid in chosen[:-1]) < quota
-
-
-def async_buffer(**overrides: Any) -> trace_replay_buffer.TraceReplayBufferAsync:
-    """The buffer as verl's trainer builds it for an asynchronous mode (no TransferQueue is touched)."""
-    arguments: dict[str, Any] = {
-        "trainer_mode": "colocate_async",
-        "trainer_config": {},
-        "max_off_policy_threshold": 8,
-        "max_off_policy_strategy": "drop",
-        "sampler_kwargs": {},
-        "refill_fn": lambda prompts: prompts,
-        **overrides,
-    }
-    return trace_replay_buffer.TraceReplayBufferAsync(**arguments)
-
-
-def finished_groups(buffer: Any, sessions: dict[str, int], step: int = 1) -> set[str]:
-    """Finished prompt groups with these bare rollouts (0: a prompt TRACE skipped), each session with a
-    bare path and a continuation, in the buffer's view of TransferQueue."""
-    for uid, count in sessions.items():
-        buffer.prompt_global_steps["train"][uid] = step
-        buffer.finished_keys["train"].add(uid)
-        for session in range(count):
-            for index in range(2):
-                buffer.partitions["train"][f"{uid}_{session}_{index}"] = {"global_steps": step}
-    return set(sessions)
-
-
-@pytest.fixture
-def one_rollout_per_group(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A board on which the allocations so far gave one bare rollout per dispatched group."""
-    board = trace_replay_buffer._AllocationBoard()
-    monkeypatch.setattr(trace_replay_buffer, "ALLOCATIONS", board)
-    board.publish(1, allocation_figures(4, 2, version=1), groups=4)  # 4 bare rollouts over 4 groups
-
-
-def consume(buffer: Any, uids: Sequence[str]) -> None:
-    """What verl's `_materialize_batch` does to the sampled groups: they leave TransferQueue."""
-    for uid in uids:
-        buffer.finished_keys["train"].discard(uid)
-        buffer.prompt_global_steps["train"].pop(uid, None)
-        for key in [key for key in buffer.partitions["train"] if key.split("_")[0] == uid]:
-            del buffer.partitions["train"][key]
-
-
-@pytest.mark.usefixtures("one_rollout_per_group")
-def test_an_async_sample_waits_for_its_share_of_bare_rollouts_not_for_a_count_of_groups() -> None:
-    buffer = async_buffer()
-    buffer.running_keys["train"].add("in-flight")
-    skipped = finished_groups(buffer, {"a-skipped": 0, "b-skipped": 0})
-    assert not buffer._has_enough_samples(1, "train", 2, skipped)  # two groups, but nothing to train on
-    sampleable = skipped | finished_groups(buffer, {"c": 1})
-    assert not buffer._has_enough_samples(1, "train", 2, sampleable)  # 1 of the 2 bare rollouts due
-    sampleable |= finished_groups(buffer, {"d": 3})
-    assert buffer._has_enough_samples(1, "train", 2, sampleable)
-    chosen, _, _ = buffer._select_prompt_uids("train", sampleable, 2)
-    assert chosen == ["a-skipped", "b-skipped", "c", "d"]  # 4 bare rollouts where 2 were due
-    # validation batches are verl's, group for group
-    assert buffer._has_enough_samples(1, "val", 2, {"x", "y"})
-
-
-@pytest.mark.usefixtures("one_rollout_per_group")
-def test_async_samples_take_what_they_are_due_however_groups_overshoot_a_share() -> None:
-    buffer = async_buffer()
-    buffer.running_keys["train"].add("in-flight")
-    taken = 0
-    for sample in range(1, 9):
-        finished_groups(buffer, {f"s{sample}g{k}": 3 for k in range(3)}, step=sample)
-        sampleable = set(buffer.finished_keys["train"])
-        assert buffer._has_enough_samples(sample, "train", 4, sampleable)
-        chosen, _, _ = buffer._select_prompt_uids("train", sampleable, 4)
-        taken += 3 * len(chosen)
-        consume(buffer, chosen)
-        # a share of 4 a sample in groups of 3: never more than one group ahead, never behind
-        assert 0 <= taken - 4 * sample < 3
-
-
-@pytest.mark.usefixtures("one_rollout_per_group")
-def test_an_async_sample_takes_what_is_left_when_nothing_is_in_flight() -> None:
-    buffer = async_buffer()
-    short = finished_groups(buffer, {"a": 1, "b-skipped": 0})
-    buffer.running_keys["train"].add("in-flight")
-    assert not buffer._has_enough_samples(1, "train", 4, short)  # more may come
-    buffer.running_keys["train"].clear()
-    assert buffer._has_enough_samples(1, "train", 4, short)  # nothing will: train on what is here
-    assert sorted(buffer._select_prompt_uids("train", short, 4)[0]) == ["a", "b-skipped"]
-    consume(buffer, ["a", "b-skipped"])
-    assert buffer._quota(4) == 4  # the shortfall is not carried into the next sample
-    empty = finished_groups(buffer, {"c-skipped": 0})
-    with pytest.raises(RuntimeError, match="nothing to train on"):
-        buffer._has_enough_samples(2, "train", 4, empty)
-
-
-@pytest.mark.usefixtures("one_rollout_per_group")
-def test_the_hybrid_switch_counts_finished_bare_rollouts_in_groups_not_empty_groups() -> None:
-    buffer = async_buffer(trainer_mode="separate_async")
-    finished_groups(buffer, {"a": 3, "b-skipped": 0, "c-skipped": 0, "d": 2})
-    buffer._sync_metadata_from_transfer_queue = lambda: None  # the view above is TransferQueue's
-    assert buffer.get_sampleable_count(1, "train") == 5  # one bare rollout a group: 5 groups' worth
 
 
 # --- configuration ---------------------------------------------------------------------------------------
@@ -636,149 +417,3 @@ async def test_the_default_reward_is_verls_rule_based_score(byte_model: Path) ->
     assert await loop.score(right) == 1.0
     assert await loop.score(prompt.then(turn("#### 41", done=True))) == 0.0
     assert await loop.score(prompt.then(TurnResult(text="#### 42", done=True))) == 1.0  # text only
-
-
-# --- the dry run: verl's workers, TransferQueue, replay buffer, advantage step and step metrics ---------
-
-
-@dataclasses.dataclass(frozen=True)
-class DryRunStep:
-    report: dry_run.StepReport
-    trees: dict[str, TreeResponse]  # the service's trees of the step's trained paths, by tree id
-    predictor_version: int
-
-
-@pytest.fixture(scope="module")
-def dry_run_step() -> DryRunStep:
-    with ThreadedService.from_settings(idle_settings()) as live:
-        options = dry_run.DryRunOptions(url=live.url, pool=12, budget=12, expansion=1.0, prompts=48, seed=4)
-        with dry_run.dry_run(options) as run:
-            report = run.step(1)
-        with TraceClient(live.url) as client:
-            trees = {f["trace_tree_id"]: client.get_tree(f["trace_tree_id"]) for f in report.fields}
-            version = client.predictor_info().version
-    return DryRunStep(report, trees, version)
-
-
-@pytest.mark.slow
-def test_a_dry_run_step_trains_on_every_path_with_the_tree_advantages(dry_run_step: DryRunStep) -> None:
-    report, trees = dry_run_step.report, dry_run_step.trees
-    sessions = dry_run.sessions_per_uid(report.keys)
-    assert sum(report.rollout_n.values()) == 12
-    assert any(n == 0 for n in report.rollout_n.values()), "the budget covered every prompt: no choice made"
-    for uid, count in report.rollout_n.items():
-        assert sessions.get(uid, 0) == count  # verl ran as many sessions as the tree has bare rollouts
-    continuation_keys = [key for key in report.keys if not key.endswith("_0")]
-    assert continuation_keys, "no Stage 2 continuation reached the batch"
-    leaves = 0
-    for advantages, scores, fields in zip(report.advantages, report.rm_scores, report.fields, strict=True):
-        tree = trees[fields["trace_tree_id"]]
-        nodes = {node.node_id: node for node in tree.nodes}
-        leaf = nodes[fields["trace_leaf_id"]]
-        assert leaf.reward == fields["trace_reward"]
-        assert scores[-1] == pytest.approx(leaf.reward) and not any(scores[:-1])  # the reward, at the end
-        path_values = set()
-        node = leaf
-        while True:
-            path_values.add(node.advantage)
-            if node.parent_id is None:
-                break
-            node = nodes[node.parent_id]
-        trained = {value for value in advantages if value != 0.0}
-        assert all(any(abs(t - v) < 1e-6 for v in path_values) for t in trained), "not this path's credit"
-        leaves += 1
-    assert leaves == sum(sum(n.reward is not None for n in tree.nodes) for tree in trees.values())
-
-
-@pytest.mark.slow
-def test_a_dry_run_steps_reward_panels_chart_the_leaf_rewards(dry_run_step: DryRunStep) -> None:
-    report = dry_run_step.report
-    rewards = [float(fields["trace_reward"]) for fields in report.fields]
-    for name in ("score", "rewards"):  # computed by the trainer's own `_compute_metrics`
-        assert report.metrics[f"critic/{name}/mean"] == pytest.approx(sum(rewards) / len(rewards))
-        assert report.metrics[f"critic/{name}/max"] == pytest.approx(max(rewards))
-        assert report.metrics[f"critic/{name}/min"] == pytest.approx(min(rewards))
-    on_loss = [
-        value
-        for row, mask in zip(report.advantages, report.loss_masks, strict=True)
-        for value, bit in zip(row, mask, strict=True)
-        if bit
-    ]
-    assert report.metrics["critic/advantages/max"] == pytest.approx(max(on_loss))
-    assert report.metrics["critic/advantages/min"] == pytest.approx(min(on_loss))
-
-
-@pytest.mark.slow
-def test_a_dry_run_steps_metrics_hold_the_trace_figures_of_its_trees(dry_run_step: DryRunStep) -> None:
-    report, trees = dry_run_step.report, dry_run_step.trees
-    metrics = report.metrics  # what verl's `Tracking` logger would be handed for the step
-    mixed = sum(tree.mixed for tree in trees.values())
-    continuations = sum(
-        fields["trace_leaf_id"] in integration.continuation_leaves(trees[fields["trace_tree_id"]])
-        for fields in report.fields
-    )
-    expected = {
-        "trace/prompts": len(report.rollout_n),
-        "trace/skipped_prompts": sum(n == 0 for n in report.rollout_n.values()),
-        "trace/bare_rollouts_promised": sum(tree.rollouts for tree in trees.values()),
-        "trace/continuations_promised": sum(tree.expansion_budget for tree in trees.values()),
-        "trace/trees": len(trees),
-        "trace/mixed_trees": mixed,
-        "trace/effective_ratio": mixed / len(trees),
-        "trace/paths": len(report.keys),
-        "trace/bare_rollouts": len(report.keys) - continuations,
-        "trace/continuations": continuations,
-        "trace/truncated_paths": 0,
-        "trace/predictor/version": dry_run_step.predictor_version,
-        "trace/predictor/examples_seen": 0,  # the service's predictor trains in the background: idle here
-    }
-    assert {name: metrics[name] for name in expected} == pytest.approx(expected)
-    assert 0 < continuations < len(report.keys)
-    assert metrics["trace/expected_mixed"] >= 0
-    assert {name for name in metrics if name.startswith("trace/")} <= set(integration.TRACE_METRICS)
-    # and the trainer's own figures beside them, from the same step: the weights versions every path
-    # carries are the ones a sync step generates with (no staleness)
-    assert metrics["training/global_step"] == 1 and "response_length/mean" in metrics
-    assert metrics["training/off_policy/trajectory_staleness/max"] == 0
-
-
-@pytest.fixture(scope="module")
-def async_dry_run_steps() -> list[dry_run.StepReport]:
-    with ThreadedService.from_settings(idle_settings()) as live:
-        options = dry_run.DryRunOptions(
-            url=live.url, pool=12, budget=12, expansion=1.0, prompts=48, seed=5, mode="colocate_async"
-        )
-        with dry_run.dry_run(options) as run:
-            return [run.step(step) for step in (1, 2, 3)]
-
-
-@pytest.mark.slow
-def test_an_async_dry_run_trains_each_step_on_its_share_of_the_budget(
-    async_dry_run_steps: list[dry_run.StepReport],
-) -> None:
-    first = async_dry_run_steps[0]
-    # the warm-up batch and the step's own, each allocated the step's budget, before the first sample
-    assert len(first.rollout_n) == 24 and sum(first.rollout_n.values()) == 24
-    assert first.metrics["trace/prompts"] == 24
-    assert all(sum(report.rollout_n.values()) == 12 for report in async_dry_run_steps[1:])
-    taken = 0
-    for step, report in enumerate(async_dry_run_steps, start=1):
-        bare = sum(dry_run.sessions_per_uid(report.keys).values())
-        assert bare == report.metrics["trace/bare_rollouts"] > 0
-        taken += bare
-        # each sample's share, a group that overshoots one share made up by the next (at most 16 each)
-        assert abs(taken - 12 * step) <= 16
-        assert all("trace_tree_id" in fields for fields in report.fields)
-        assert report.metrics["training/global_step"] == step
-
-
-@pytest.mark.slow
-def test_an_async_dry_run_trains_on_trees_generated_while_earlier_steps_trained(
-    async_dry_run_steps: list[dry_run.StepReport],
-) -> None:
-    # the simulator's turns bypass verl's server, so a tree's weights are those of the step before its
-    # dispatch: the warm-up batch's trees, trained at step 2, are one version old
-    staleness = [
-        report.metrics["training/off_policy/trajectory_staleness/max"] for report in async_dry_run_steps
-    ]
-    assert staleness[0] == 0 and max(staleness[1:]) >= 1

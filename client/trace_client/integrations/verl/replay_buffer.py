@@ -30,17 +30,15 @@ from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 from verl.utils import tensordict_utils as tu
 
 from trace_client.integrations.gain import GAIN_METRICS, gain_metrics
+from trace_client.integrations.verl.names import (
+    CONTINUATION_FIELD,
+    TRAIN_PARTITION,
+    TREE_ID_FIELD,
+    TREE_MIXED_FIELD,
+    TRUNCATED_FIELD,
+)
 from trace_proto import AllocateResponse, JobStats, PredictorInfo
 
-#: verl's TransferQueue partition of the training trajectories.
-TRAIN_PARTITION: Final = "train"
-#: `extra_fields` of a TRACE path (written by the agent loop, read here).
-REWARD_FIELD: Final = "trace_reward"
-TREE_ID_FIELD: Final = "trace_tree_id"
-LEAF_ID_FIELD: Final = "trace_leaf_id"
-TREE_MIXED_FIELD: Final = "trace_tree_mixed"
-CONTINUATION_FIELD: Final = "trace_continuation"
-TRUNCATED_FIELD: Final = "trace_truncated"
 #: Every metric this module can add to a training step, and what it counts.
 TRACE_METRICS: Final = {
     "trace/prompts": "prompts in the step's allocation",

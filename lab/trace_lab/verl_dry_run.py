@@ -17,8 +17,8 @@ In an asynchronous mode (`--mode colocate_async` or `separate_async`) the schedu
 samples its groups oldest first (in `parameter_sync_step` parts under `separate_async`) while later
 batches are still generating, and a group the buffer evicts is refilled with a fresh prompt.
 
-    python -m trace_client.integrations.verl.dry_run --url http://127.0.0.1:8000 --steps 3
-    python -m trace_client.integrations.verl.dry_run --url http://127.0.0.1:8000 --mode colocate_async
+    python -m trace_lab.verl_dry_run --url http://127.0.0.1:8000 --steps 3
+    python -m trace_lab.verl_dry_run --url http://127.0.0.1:8000 --mode colocate_async
 """
 
 from __future__ import annotations
@@ -63,8 +63,10 @@ from trace_lab.sim.workers import SimAgent
 
 #: The config section of the simulated workload: both sides build the same one from it.
 SIM_SECTION: Final = "trace_sim"
-#: The agent loop's name in verl's registry (listed in the package's agent_loops.yaml).
+#: The agent loop's name in verl's registry, and the registry file that lists it beside `trace`.
 SIM_AGENT_LOOP: Final = "trace_sim"
+AGENT_LOOPS_FILE: Final = Path(__file__).with_name("verl_agent_loops.yaml")
+AGENT_LOOPS_KEY: Final = "actor_rollout_ref.rollout.agent.agent_loop_config_path"
 DATA_SOURCE: Final = "trace-sim"
 _OBSERVATION: Final = "\nObservation:"
 
@@ -155,16 +157,21 @@ def dry_run_config(options: DryRunOptions, model_dir: Path) -> DictConfig:
     import verl
 
     job = options.job or f"verl-dry-run-{uuid.uuid4().hex[:8]}"
+    integration = trace_overrides(
+        options.url,
+        mode=options.mode,
+        job=job,
+        budget=options.budget,
+        expansion=options.expansion,
+        agent_loop=SIM_AGENT_LOOP,
+        prompt_id_key="index",  # the simulator's own prompt ids
+    )
+    # the integration's agent-loop registry lists `trace` only; this run's lists `trace_sim` too
     overrides = [
-        *trace_overrides(
-            options.url,
-            mode=options.mode,
-            job=job,
-            budget=options.budget,
-            expansion=options.expansion,
-            agent_loop=SIM_AGENT_LOOP,
-            prompt_id_key="index",  # the simulator's own prompt ids
-        ),
+        f"{AGENT_LOOPS_KEY}={AGENT_LOOPS_FILE}" if line.startswith(f"{AGENT_LOOPS_KEY}=") else line
+        for line in integration
+    ]
+    overrides += [
         f"actor_rollout_ref.model.path={model_dir}",
         "actor_rollout_ref.rollout.name=vllm",
         "actor_rollout_ref.rollout.agent.num_workers=1",
