@@ -3,6 +3,7 @@ modules a trainer's workers import load nothing of the service, the lab or the n
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -53,3 +54,24 @@ print(json.dumps(sorted({{name.split(".")[0] for name in sys.modules}})))
     )
     assert "trace_client" in loaded
     assert not FORBIDDEN & set(loaded)
+
+
+def test_no_client_module_imports_the_service_or_the_lab() -> None:
+    """The integrations too: the lab imports the client (the verl dry run, the simulated workers), never
+    the reverse, and the service is reached only over HTTP."""
+    offenders = []
+    for path in sorted((ROOT / "client" / "trace_client").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            offenders += [
+                f"{path.relative_to(ROOT)}: {name}"
+                for name in names
+                if name.split(".")[0] in {"trace_lab", "trace_service"}
+            ]
+    assert offenders == []
