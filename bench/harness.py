@@ -5,7 +5,7 @@ rollouts to roots (its policy's Stage 1 rule), run them on the simulator, branch
 prefixes (its policy's Stage 2 rule, or not at all), score the trees, update the per-prompt outcome
 history and, in learning mode, let the workload learn from the mixed groups. A strategy is a contract
 policy, and its rules are the service's, looked up in `trace_service.allocation.POLICIES`; this module
-only wires them to the simulator and keeps the books.
+only wires them to the simulator (Stage 2 in `bench.branching`) and keeps the books (`bench.forest`).
 
 Budgets (`StepConfig`): `bare_rollouts` M, expansion N, group size n. Strategies that branch get M bare
 rollouts plus ⌊m_i·N⌋ continuations for each active prompt i; strategies that do not branch spend the
@@ -31,16 +31,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 import numpy as np
 import numpy.typing as npt
 
+from bench.branching import branch
 from bench.estimators import (
     Estimator,
-    FinishedTree,
     KnowableRoots,
     PredictiveEstimator,
     Query,
@@ -50,6 +50,7 @@ from bench.estimators import (
     oracle_estimator,
     posterior_estimator,
 )
+from bench.forest import Forest, Ledger, PromptRecord
 from trace_lab.sim import Prompt, RolloutState
 from trace_lab.sim.base import Workload
 from trace_proto import Policy
@@ -57,9 +58,7 @@ from trace_service.allocation import (
     POLICIES,
     Need,
     PolicyRules,
-    Reserve,
     RootInputs,
-    Sharing,
     allocate_roots,
     bare_mixed_chance,
     continuation_budget,
@@ -67,24 +66,12 @@ from trace_service.allocation import (
     effective_ratio,
     is_mixed,
     root_value,
-    round_budgets,
 )
-from trace_service.allocation.branching import can_branch, place_round, round_candidates
-from trace_service.allocation.tree import (
-    ROOT,
-    FreshnessEstimate,
-    PrefixCandidates,
-    continuation_flips,
-    tree_targets,
-)
-from trace_service.lifecycle import is_success
+from trace_service.allocation.tree import ROOT, FreshnessEstimate
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
-#: A leaf at or above this reward is a success: the service's default threshold (a simulator's rewards
-#: are 0 or 1, so any threshold in (0, 1] agrees).
-SUCCESS_THRESHOLD = 0.5
 #: A prompt whose true success lies below this or above 1 minus it is near-certain: bare rollouts spent
 #: on it are (almost) never a mixed group.
 EXTREME_SUCCESS = 0.05
@@ -223,15 +210,6 @@ def mean_rollout_turns(workload: Workload) -> float:
     )
 
 
-@dataclass
-class PromptRecord:
-    """What a strategy remembers of a prompt across steps."""
-
-    successes: int = 0
-    trials: int = 0
-    zero_variance_streak: int = 0
-
-
 @dataclass(frozen=True)
 class StepResult:
     """One step of one strategy. `effective_ratio` divides by active (sampled) groups; `mixed_forks`
@@ -278,156 +256,6 @@ class StepResult:
         return self.mixed / self.active if self.active else 0.0
 
 
-class _Forest:
-    """The trees of one step in flat arrays, parents before children (the layout
-    `trace_service.allocation.tree` reads), with `tree_of` naming each node's tree: one `tree_targets`
-    call serves every tree."""
-
-    def __init__(
-        self,
-        prompts: Sequence[Prompt],
-        planned: Sequence[int],
-        rules: PolicyRules,
-        max_branch_depth: int | None = None,
-    ) -> None:
-        self.prompts = list(prompts)
-        self.planned = list(planned)
-        self.max_branch_depth = max_branch_depth
-        # The policy's rules, which may limit how deep a tree whose bare rollouts agree branches.
-        self.rules = rules
-        self.states: list[RolloutState] = []
-        self.parent: list[int] = []
-        self.reward: list[float] = []
-        self.tree_of: list[int] = []
-        self.bare: list[bool] = []
-        self.forks: set[int] = set()
-        # The observed outcome below each prefix when continuations from it were last planned.
-        self.observed_outcome: dict[int, float] = {}
-        self.bare_successes = [0] * len(self.prompts)
-        self.bare_trials = [0] * len(self.prompts)
-
-    def add(self, tree: int, parent: int, trajectory: Sequence[RolloutState], *, bare: bool) -> None:
-        if not bare:
-            self.forks.add(parent)
-        for state in trajectory:
-            self.parent.append(parent)
-            parent = len(self.states)
-            self.states.append(state)
-            self.reward.append(state.reward if state.reward is not None else math.nan)
-            self.tree_of.append(tree)
-            self.bare.append(bare)
-        if bare:
-            self.bare_trials[tree] += 1
-            self.bare_successes[tree] += int(is_success(trajectory[-1].reward or 0.0, SUCCESS_THRESHOLD))
-
-    def _local_trees(self) -> Iterator[tuple[int, list[int], list[int]]]:
-        """Each started tree: (tree, its global node indices in order, their parents as local indices)."""
-        tree_of = np.asarray(self.tree_of, dtype=np.int64)
-        for tree in range(len(self.prompts)):
-            nodes = np.flatnonzero(tree_of == tree).tolist()
-            if nodes:
-                local = {node: i for i, node in enumerate(nodes)}
-                yield tree, nodes, [local.get(self.parent[node], ROOT) for node in nodes]
-
-    def finished_trees(self, history: dict[str, PromptRecord]) -> list[FinishedTree]:
-        """Each started tree with local parent indices (before `history` takes this step's outcomes)."""
-        trees = []
-        for tree, nodes, parent in self._local_trees():
-            prompt = self.prompts[tree]
-            record = history.get(prompt.prompt_id, PromptRecord())
-            trees.append(
-                FinishedTree(
-                    prompt=prompt,
-                    states=[self.states[node] for node in nodes],
-                    parent=parent,
-                    reward=[self.reward[node] for node in nodes],
-                    successes=record.successes,
-                    trials=record.trials,
-                    bare_successes=self.bare_successes[tree],
-                    bare_trials=self.bare_trials[tree],
-                )
-            )
-        return trees
-
-    def continuation_flips(self, predicted_root: Sequence[float]) -> tuple[int, float]:
-        """Continuation flips over all trees, against fresh rollouts' (`continuation_flips`)."""
-        flips, fresh = 0, 0.0
-        for tree, nodes, parent in self._local_trees():
-            reward = [self.reward[node] for node in nodes]
-            bare = [self.bare[node] for node in nodes]
-            tree_flips, tree_fresh = continuation_flips(parent, reward, bare, float(predicted_root[tree]))
-            flips, fresh = flips + tree_flips, fresh + tree_fresh
-        return flips, fresh
-
-    def candidates(self) -> list[PrefixCandidates]:
-        """Each tree's branching candidates (global node indices), found as the service's Stage 2 finds
-        them: `round_candidates` on the tree alone, its nodes in the service's order (by depth, each
-        depth as reported)."""
-        found = []
-        for tree, nodes in enumerate(self._nodes_by_tree()):
-            if not nodes:
-                found.append(PrefixCandidates(*(np.zeros(0, dtype=kind) for kind in (np.int64, float, bool))))
-                continue
-            depth = {node: self.states[node].turns for node in nodes}
-            ordered = sorted(nodes, key=lambda node: (depth[node], node))
-            local = {node: i for i, node in enumerate(ordered)}
-            parent = [local.get(self.parent[node], ROOT) for node in ordered]
-            targets = tree_targets(parent, [self.reward[node] for node in ordered])
-            mine = round_candidates(
-                targets, self.rules, self.max_branch_depth, self.bare_successes[tree], self.bare_trials[tree]
-            )
-            found.append(PrefixCandidates(np.asarray(ordered)[mine.nodes], mine.outcome, mine.blocked))
-        return found
-
-    def _nodes_by_tree(self) -> list[list[int]]:
-        """Every tree's global node indices in order (none for a tree not started)."""
-        nodes: list[list[int]] = [[] for _ in self.prompts]
-        for node, tree in enumerate(self.tree_of):
-            nodes[tree].append(node)
-        return nodes
-
-    def outcomes(self) -> tuple[IntArray, IntArray, int]:
-        """Successes and visits (scored leaves) below each tree's root, and the number of mixed forks."""
-        count = len(self.prompts)
-        if not self.states:
-            return np.zeros(count, dtype=np.int64), np.zeros(count, dtype=np.int64), 0
-        targets = tree_targets(self.parent, self.reward)
-        top = targets.depth == 1
-        owner = np.asarray(self.tree_of, dtype=np.int64)[top]
-        successes = np.bincount(owner, weights=targets.successes[top], minlength=count).astype(np.int64)
-        visits = np.bincount(owner, weights=targets.visits[top], minlength=count).astype(np.int64)
-        forks = np.fromiter(self.forks, dtype=np.int64, count=len(self.forks))
-        fork_successes, fork_visits = targets.successes[forks], targets.visits[forks]
-        mixed_forks = int(np.count_nonzero(is_mixed(fork_successes, fork_visits)))
-        return successes, visits, mixed_forks
-
-
-@dataclass
-class _Ledger:
-    """Rollouts, continuations and turns spent in a step, against the turn budget when there is one."""
-
-    turn_budget: int | None
-    rollouts: int = 0
-    continuations: int = 0
-    turns: int = 0
-    fallback_units: int = 0
-    flips: int = 0
-    branch_depth: int = 0
-    continuation_turns: int = 0
-
-    @property
-    def turns_left(self) -> int:
-        assert self.turn_budget is not None  # only asked when counting turns
-        return self.turn_budget - self.turns
-
-    def charge(self, trajectories: Sequence[Sequence[RolloutState]], *, continuation: bool) -> None:
-        self.rollouts += len(trajectories)
-        self.continuations += len(trajectories) if continuation else 0
-        self.turns += sum(len(trajectory) for trajectory in trajectories)
-        if self.turn_budget is not None and self.turns > self.turn_budget:
-            raise AssertionError("admission let the turn budget be exceeded")  # a bug, never a result
-
-
 def run_step(
     workload: Workload,
     strategy: Strategy,
@@ -444,24 +272,7 @@ def run_step(
     rho = _freshness_used(strategy, freshness)
     counts, predicted = _root_counts(workload, strategy, pool, history, config, rng, rho)
     true_p = workload.true_success_many([prompt.prompt_id for prompt in pool])
-    ledger = _Ledger(config.turn_budget if config.unit is BudgetUnit.turns else None)
-    chosen = np.flatnonzero(counts).tolist()
-    forest = _Forest(
-        [pool[index] for index in chosen],
-        [int(counts[index]) for index in chosen],
-        strategy.rules,
-        config.max_branch_depth,
-    )
-    _run_bare(workload, forest, ledger, rng)
-    if strategy.branches:
-        # What a shared reserve expects of each tree (a policy that shares reads Ṽ at the roots).
-        mixed_chance = (
-            bare_mixed_chance(predicted[chosen], counts[chosen])
-            if strategy.rules.sharing is not None and predicted is not None
-            else None
-        )
-        _branch(workload, strategy, forest, history, config, ledger, rng, mixed_chance)
-
+    forest, ledger, chosen = _grow_trees(workload, strategy, pool, counts, predicted, history, config, rng)
     successes, visits, mixed_forks = forest.outcomes()
     # A group the turn budget could not admit was never started: its prompt counts as skipped.
     started = visits > 0
@@ -478,17 +289,7 @@ def run_step(
     extreme = (true_p < EXTREME_SUCCESS) | (true_p > 1.0 - EXTREME_SUCCESS)
     root_prediction = np.full(len(pool), 0.5) if predicted is None else predicted
     evidence = forest.continuation_flips(root_prediction[chosen]) if forest.states else (0, 0.0)
-    observe = getattr(strategy.estimator, "observe", None)
-    if observe is not None:
-        observe(forest.finished_trees(history))
-    for tree in np.flatnonzero(started).tolist():
-        prompt_id = forest.prompts[tree].prompt_id
-        record = history.setdefault(prompt_id, PromptRecord())
-        record.successes += forest.bare_successes[tree]
-        record.trials += forest.bare_trials[tree]
-        record.zero_variance_streak = 0 if mixed[tree] else record.zero_variance_streak + 1
-        if learn:
-            workload.learn(prompt_id, bool(mixed[tree]))
+    _remember_step(workload, strategy.estimator, forest, history, started, mixed, learn=learn)
     return StepResult(
         pool=len(pool),
         active=ratio.active,
@@ -514,6 +315,76 @@ def run_step(
         if predicted is None
         else tuple(zip(predicted.tolist(), true_p.tolist(), strict=True)),
     )
+
+
+def _grow_trees(
+    workload: Workload,
+    strategy: Strategy,
+    pool: Sequence[Prompt],
+    counts: IntArray,
+    predicted: FloatArray | None,
+    history: dict[str, PromptRecord],
+    config: StepConfig,
+    rng: np.random.Generator,
+) -> tuple[Forest, Ledger, list[int]]:
+    """The step's trees: `counts` bare rollouts per pool prompt (Stage 1's), then the strategy's Stage 2
+    when it branches (a sharing policy's reserve reads the root `predicted`); with what they spent and
+    the pool indices given bare rollouts."""
+    ledger = Ledger(config.turn_budget if config.unit is BudgetUnit.turns else None)
+    chosen = np.flatnonzero(counts).tolist()
+    forest = Forest(
+        [pool[index] for index in chosen],
+        [int(counts[index]) for index in chosen],
+        strategy.rules,
+        config.max_branch_depth,
+    )
+    _run_bare(workload, forest, ledger, rng)
+    if strategy.branches:
+        # What a shared reserve expects of each tree (a policy that shares reads Ṽ at the roots).
+        mixed_chance = (
+            bare_mixed_chance(predicted[chosen], counts[chosen])
+            if strategy.rules.sharing is not None and predicted is not None
+            else None
+        )
+        branch(
+            workload,
+            strategy.rules,
+            strategy.estimator,
+            forest,
+            history,
+            ledger,
+            rng,
+            mixed_chance,
+            expansion=config.expansion,
+            rounds=config.rounds,
+        )
+    return forest, ledger, chosen
+
+
+def _remember_step(
+    workload: Workload,
+    estimator: Estimator,
+    forest: Forest,
+    history: dict[str, PromptRecord],
+    started: npt.NDArray[np.bool_],
+    mixed: npt.NDArray[np.bool_],
+    *,
+    learn: bool,
+) -> None:
+    """Show the step's trees to an estimator that learns from them, then add each started tree's bare
+    outcomes to its prompt's record in `history` (and, when `learn`, let the workload learn from the
+    group)."""
+    observe = getattr(estimator, "observe", None)
+    if observe is not None:
+        observe(forest.finished_trees(history))
+    for tree in np.flatnonzero(started).tolist():
+        prompt_id = forest.prompts[tree].prompt_id
+        record = history.setdefault(prompt_id, PromptRecord())
+        record.successes += forest.bare_successes[tree]
+        record.trials += forest.bare_trials[tree]
+        record.zero_variance_streak = 0 if mixed[tree] else record.zero_variance_streak + 1
+        if learn:
+            workload.learn(prompt_id, bool(mixed[tree]))
 
 
 def run_strategy(
@@ -626,7 +497,7 @@ def _root_counts(
     return rule.counts(inputs), predicted
 
 
-def _run_bare(workload: Workload, forest: _Forest, ledger: _Ledger, rng: np.random.Generator) -> None:
+def _run_bare(workload: Workload, forest: Forest, ledger: Ledger, rng: np.random.Generator) -> None:
     """Run each tree's planned bare rollouts. Counting turns, whole groups are admitted in pool order
     while their worst case (count · max_turns) fits the turns left, round after round; a group that never
     fits is never started."""
@@ -651,182 +522,6 @@ def _run_bare(workload: Workload, forest: _Forest, ledger: _Ledger, rng: np.rand
         ledger.charge(trajectories, continuation=False)
         for tree, trajectory in zip(owners, trajectories, strict=True):
             forest.add(tree, ROOT, trajectory, bare=True)
-
-
-def _branch(
-    workload: Workload,
-    strategy: Strategy,
-    forest: _Forest,
-    history: dict[str, PromptRecord],
-    config: StepConfig,
-    ledger: _Ledger,
-    rng: np.random.Generator,
-    mixed_chance: FloatArray | None,
-) -> None:
-    """Stage 2 (or random branching) over every started tree, in planning rounds; a round makes one
-    batched estimator call and one plan per tree.
-
-    Counting rollouts, tree i gets ⌊m_i·N⌋ continuations split over `config.rounds`, each round run as
-    one simulator batch; for a policy whose trees share their continuations (`PolicyRules.sharing`,
-    given each tree's `mixed_chance`) each tree gets the part of its share it keeps and its draw from
-    the step's reserve instead, the trees deciding in pool order (`_draws`).
-    Counting turns, tree i's allowance is its share of the turns left (in proportion to m_i; shares
-    are not pooled, though a sharing policy's depth rule still holds); a round plans as many
-    continuations as the allowance buys at the expected cost of the tree's candidates. Planned
-    continuations start in waves, each admitted only while its worst case (running to max_turns) fits
-    the step's turns left; a new round is planned when every planned one has run, and branching ends
-    when a round plans nothing or nothing more fits.
-    """
-    started = [trials > 0 for trials in forest.bare_trials]
-    if ledger.turn_budget is None:
-        shares = [continuation_budget(planned, config.expansion) for planned in forest.planned]
-        sharing = strategy.rules.sharing
-        if mixed_chance is not None and sharing is not None:
-            shares = _draws(forest, shares, mixed_chance, sharing)
-        units = [round_budgets(share, config.rounds) for share in shares]
-        for round_index in range(config.rounds):
-            budgets = [tree_units[round_index] for tree_units in units]
-            planned = _plan_round(strategy, forest, history, started, budgets, workload, rng, ledger)
-            _run_continuations(workload, forest, planned, ledger, rng)
-        return
-
-    shares = [count if is_started else 0 for count, is_started in zip(forest.planned, started, strict=True)]
-    turns_left = ledger.turns_left
-    allowance = [turns_left * share // max(sum(shares), 1) for share in shares]
-    pending: list[tuple[int, int]] = []
-    while True:
-        if not pending:
-            pending = _plan_round(strategy, forest, history, started, allowance, workload, rng, ledger)
-        wave, pending = _admit(forest, pending, ledger.turns_left, workload.max_turns)
-        if not wave:
-            return
-        for tree, trajectory in _run_continuations(workload, forest, wave, ledger, rng):
-            allowance[tree] -= len(trajectory)
-
-
-def _draws(forest: _Forest, shares: Sequence[int], mixed_chance: FloatArray, sharing: Sharing) -> list[int]:
-    """Each tree's continuations: the part of its share it keeps (`Sharing.split`) and its draw from
-    one reserve of the pooled parts (`Reserve`), drawn in tree order: a tree takes when its bare group
-    agrees and it has a prefix to branch from."""
-    successes, visits, _ = forest.outcomes()
-    mixed = is_mixed(successes, visits)
-    candidates = forest.candidates()
-    splits = [sharing.split(share) for share in shares]
-    reserve = Reserve.of([pooled for _, pooled in splits], mixed_chance.tolist())
-    draws = []
-    for tree, ((kept, pooled), chance) in enumerate(zip(splits, mixed_chance.tolist(), strict=True)):
-        branches = can_branch(candidates[tree])
-        drawn, reserve = reserve.draw(pooled, chance, agrees=not mixed[tree], can_branch=branches)
-        draws.append(kept + drawn)
-    return draws
-
-
-def _plan_round(
-    strategy: Strategy,
-    forest: _Forest,
-    history: dict[str, PromptRecord],
-    started: Sequence[bool],
-    budgets: Sequence[int],
-    workload: Workload,
-    rng: np.random.Generator,
-    ledger: _Ledger,
-) -> list[tuple[int, int]]:
-    """One planning round: (tree, node) per planned continuation. `budgets` are continuations per tree
-    when counting rollouts and turn allowances when counting turns. Records the outcome each planned
-    prefix is seen to have, against which a continuation's flip is counted."""
-    candidates = forest.candidates()
-    estimates: Sequence[FloatArray | None] = (
-        _prefix_estimates(strategy.estimator, forest, candidates, history)
-        if Need.PREFIX_PREDICTIONS in strategy.rules.prefixes.needs
-        else [None] * len(candidates)
-    )
-    planned: list[tuple[int, int]] = []
-    for tree, candidate in enumerate(candidates):
-        if not started[tree] or candidate.nodes.size == 0 or budgets[tree] <= 0:
-            continue
-        units = budgets[tree]
-        if ledger.turn_budget is not None:
-            # A turn allowance buys continuations at the mean expected cost of the tree's candidates.
-            costs = [workload.expected_remaining_turns(forest.states[node]) for node in candidate.nodes]
-            units = math.floor(units / float(np.mean(costs)))
-        placement = place_round(
-            strategy.rules,
-            candidate,
-            units,
-            predicted=estimates[tree],
-            bare_successes=forest.bare_successes[tree],
-            bare_trials=forest.bare_trials[tree],
-            fallback=True,
-            rng=rng,
-        )
-        counts = placement.counts
-        ledger.fallback_units += placement.fallback_units
-        for node, outcome, count in zip(
-            candidate.nodes.tolist(), candidate.outcome.tolist(), counts.tolist(), strict=True
-        ):
-            planned.extend([(tree, node)] * count)
-            if count:
-                forest.observed_outcome[node] = outcome
-    return planned
-
-
-def _admit(
-    forest: _Forest, planned: Sequence[tuple[int, int]], room: int, max_turns: int
-) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-    """Split planned continuations into a wave whose worst-case turns fit `room` and the rest that may
-    fit once the wave's actual turns are known; one whose worst case exceeds all of `room` is dropped."""
-    wave: list[tuple[int, int]] = []
-    rest: list[tuple[int, int]] = []
-    free = room
-    for tree, node in planned:
-        worst = max_turns - forest.states[node].turns
-        if worst <= free:
-            wave.append((tree, node))
-            free -= worst
-        elif worst <= room:
-            rest.append((tree, node))
-    return wave, rest
-
-
-def _run_continuations(
-    workload: Workload,
-    forest: _Forest,
-    planned: Sequence[tuple[int, int]],
-    ledger: _Ledger,
-    rng: np.random.Generator,
-) -> list[tuple[int, tuple[RolloutState, ...]]]:
-    """Run one batch of continuations, graft them onto their trees, charge them; (tree, trajectory) each."""
-    trajectories = workload.run([forest.states[node] for _, node in planned], rng)
-    ledger.charge(trajectories, continuation=True)
-    ledger.branch_depth += sum(forest.states[node].turns for _, node in planned)
-    ledger.continuation_turns += sum(len(trajectory) for trajectory in trajectories)
-    for (tree, node), trajectory in zip(planned, trajectories, strict=True):
-        forest.add(tree, node, trajectory, bare=False)
-        succeeded = is_success(trajectory[-1].reward or 0.0, SUCCESS_THRESHOLD)
-        ledger.flips += succeeded != is_success(forest.observed_outcome[node], SUCCESS_THRESHOLD)
-    return [(tree, trajectory) for (tree, _), trajectory in zip(planned, trajectories, strict=True)]
-
-
-def _prefix_estimates(
-    estimator: Estimator,
-    forest: _Forest,
-    candidates: Sequence[PrefixCandidates],
-    history: dict[str, PromptRecord],
-) -> list[FloatArray]:
-    """Ṽ at every candidate of every tree, in one estimator call; a prompt's outcomes include this
-    step's scored bare rollouts."""
-    queries: list[Query] = []
-    for tree, candidate in enumerate(candidates):
-        prompt = forest.prompts[tree]
-        record = history.get(prompt.prompt_id, PromptRecord())
-        successes = record.successes + forest.bare_successes[tree]
-        trials = record.trials + forest.bare_trials[tree]
-        queries.extend(
-            Query(prompt, forest.states[node], successes, trials) for node in candidate.nodes.tolist()
-        )
-    estimates = estimate(estimator, queries)
-    bounds = np.cumsum([candidate.nodes.size for candidate in candidates])[:-1]
-    return np.split(estimates, bounds)
 
 
 def _estimate_belief(estimator: Estimator, queries: Sequence[Query]) -> tuple[FloatArray, FloatArray]:

@@ -56,13 +56,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import statistics
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -70,41 +69,35 @@ import numpy.typing as npt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.advantages import ADVANTAGES, exported_tree_advantages
+from bench.advantages import ADVANTAGES
 from bench.estimators import FinishedTree as ForestTree
 from bench.estimators import Query, oracle_estimator
 from bench.gain import checks, print_report
 from bench.harness import StepConfig, Strategy, run_step
-from bench.plotting import FIXED, line_colors
-from bench.protocol import (
-    add_family_arguments,
-    check_sizes,
-    chosen_families,
-    comma_list,
-    mean_spread,
-    mean_std,
-    protocol_line,
+from bench.learning_arms import PILOT_SUFFIX, UNIFORM, Arm, build_arms, variant_arm
+from bench.learning_report import Curve, plot, print_seed_table, print_summary
+from bench.policy_gradient import (
+    OPTIMIZERS,
+    TURN_WEIGHTS,
+    SampledTurns,
+    forest_tree_turns,
+    policy_gradient,
+    service_tree_turns,
+    weighted_turns,
 )
+from bench.protocol import add_family_arguments, check_sizes, chosen_families, comma_list, protocol_line
 from trace_client import AsyncTraceClient
 from trace_client.driver import DriverConfig, FinishedTree, RolloutDriver
 from trace_lab.local import RedisServer, ServiceProcess
-from trace_lab.sim import FAMILIES, Prompt, RolloutState, make_workload
+from trace_lab.sim import FAMILIES, Prompt, make_workload
 from trace_lab.sim.base import PolicyWorkload
-from trace_lab.sim.tabular import softmax_rows as softmax  # π_θ(· | c) row by row
 from trace_lab.sim.workers import SimAgent, prompt_in
-from trace_proto import DEFAULT_CONTROL_SHARE, AllocateRequest, GainEstimate, Policy
-from trace_service.allocation import POLICIES, continuation_budget
+from trace_proto import AllocateRequest
 from trace_service.allocation.gain import ArmSums
-from trace_service.allocation.tree import FreshnessEstimate, tree_targets
+from trace_service.allocation.tree import FreshnessEstimate
 
 FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
-UNIFORM = "uniform"
-UNIFORM_TREE = "uniform_tree"
-ORACLE = "oracle"
-ORACLE_JOINT = "oracle_joint"
-ORACLE_SHARED = "oracle_shared"
 #: Held-out tasks of training seed s come from seed s + this: another draw of the same family.
 HELD_OUT_SEED_OFFSET = 10_000
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
@@ -119,263 +112,7 @@ SERVICE_SETTINGS = {
 }
 
 
-# --- the learner ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SampledTurns:
-    """The sampled turns of a batch: the context each action was chosen in, the action, its advantage."""
-
-    contexts: IntArray
-    actions: IntArray
-    advantages: FloatArray
-
-    @property
-    def size(self) -> int:
-        return int(self.contexts.size)
-
-    @staticmethod
-    def concat(parts: Sequence[SampledTurns]) -> SampledTurns:
-        if not parts:
-            return SampledTurns(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
-        return SampledTurns(
-            np.concatenate([part.contexts for part in parts]),
-            np.concatenate([part.actions for part in parts]),
-            np.concatenate([part.advantages for part in parts]),
-        )
-
-
-#: How the turns of a step are weighted in the gradient's mean: every sampled turn alike (token-level),
-#: or every rollout alike (a tree weighs its leaves' count, shared among its turns).
-TURN_WEIGHTS = ("turn", "rollout")
-
-
-def weighted_turns(trees: Sequence[tuple[SampledTurns, int]], weighting: str) -> SampledTurns:
-    """The step's turns from (turns of a tree, its scored leaves) pairs; under "rollout" a tree's turns
-    are scaled by (leaves / turns of the tree) · (turns / leaves of the step), so the mean over turns
-    that `policy_gradient` takes is a mean over rollouts of each tree's per-turn mean."""
-    parts = [part for part, _ in trees]
-    if weighting == "turn" or not parts:
-        return SampledTurns.concat(parts)
-    total_turns = sum(part.size for part in parts)
-    total_leaves = sum(leaves for part, leaves in trees if part.size)
-    scaled = [
-        replace(part, advantages=part.advantages * (leaves / part.size) * (total_turns / total_leaves))
-        for part, leaves in trees
-        if part.size
-    ]
-    return SampledTurns.concat(scaled)
-
-
-def policy_gradient(theta: FloatArray, turns: SampledTurns) -> FloatArray:
-    """(1/T) Σ_t A_t ∇_θ log π_θ(a_t | c_t) over the T sampled turns; ∇_θ[c] log softmax(θ[c])_a is
-    e_a − π_θ(· | c), and zero in every other row."""
-    gradient = np.zeros_like(theta)
-    if turns.size == 0:
-        return gradient
-    np.add.at(gradient, (turns.contexts, turns.actions), turns.advantages)
-    per_context = np.bincount(turns.contexts, weights=turns.advantages, minlength=theta.shape[0])
-    gradient -= per_context[:, None] * softmax(theta)
-    return gradient / turns.size
-
-
-def _sampled_turns(
-    workload: PolicyWorkload, prompt_id: str, turns: Iterable[tuple[RolloutState, RolloutState | None, float]]
-) -> SampledTurns:
-    """(state after the turn, state before it or None at the prompt, advantage) → sampled turns."""
-    start_context = workload.context_of(workload.start(prompt_id))
-    contexts, actions, values = [], [], []
-    for after, before, advantage in turns:
-        action = after.history[-1].action
-        if action is None:
-            raise ValueError(f"a turn of {prompt_id!r} records no action: not a policy family's turn")
-        contexts.append(start_context if before is None else workload.context_of(before))
-        actions.append(action)
-        values.append(advantage)
-    return SampledTurns(
-        np.asarray(contexts, dtype=np.int64), np.asarray(actions, dtype=np.int64), np.asarray(values)
-    )
-
-
-def service_tree_turns(
-    workload: PolicyWorkload, finished: FinishedTree, *, flat: bool, advantage: str = "service"
-) -> SampledTurns:
-    """A tree the service exported: per node the service's advantage (or the `bench.advantages`
-    variant named, computed from the tree's rewards), or on a flat group (bare rollouts only) the GRPO
-    baseline V̂(node) − V̂(root) = r − mean(group), each node lying on exactly one rollout. Failure
-    leaves (not policy turns) and nodes without a scored leaf are left out."""
-    tree = finished.tree
-    variant = exported_tree_advantages(tree, advantage)
-
-    def state_of(node_id: str) -> RolloutState:
-        state = finished.turns[node_id].state
-        if not isinstance(state, RolloutState):
-            raise TypeError(f"node {node_id!r} carries no simulator state: it was not made by SimAgent")
-        return state
-
-    rows = []
-    for i, node in enumerate(tree.nodes):
-        if node.node_id not in finished.turns or node.value is None or tree.value is None:
-            continue
-        node_advantage = node.value - tree.value if flat else float(variant[i])
-        before = None if node.parent_id is None else state_of(node.parent_id)
-        rows.append((state_of(node.node_id), before, node_advantage))
-    return _sampled_turns(workload, tree.prompt_id, rows)
-
-
-def forest_tree_turns(workload: PolicyWorkload, tree: ForestTree, advantage: str = "service") -> SampledTurns:
-    """A tree of the in-process oracle, with the service's advantage or the variant named."""
-    parent = np.asarray(tree.parent, dtype=np.int64)
-    advantage_of = ADVANTAGES[advantage](parent, tree_targets(parent, tree.reward))
-    rows = [
-        (state, None if up < 0 else tree.states[up], float(advantage_of[i]))
-        for i, (state, up) in enumerate(zip(tree.states, tree.parent, strict=True))
-    ]
-    return _sampled_turns(workload, tree.prompt.prompt_id, rows)
-
-
-class Adam:
-    """Adam (Kingma & Ba) ascending the objective."""
-
-    def __init__(self, lr: float, beta1: float = 0.9, beta2: float = 0.999) -> None:
-        self.lr, self.beta1, self.beta2 = lr, beta1, beta2
-        self.mean: FloatArray | float = 0.0
-        self.square: FloatArray | float = 0.0
-        self.steps = 0
-
-    def step(self, gradient: FloatArray) -> FloatArray:
-        """The change of θ for one ascent step along `gradient`."""
-        self.steps += 1
-        self.mean = self.beta1 * self.mean + (1 - self.beta1) * gradient
-        self.square = self.beta2 * self.square + (1 - self.beta2) * gradient**2
-        mean = self.mean / (1 - self.beta1**self.steps)
-        square = self.square / (1 - self.beta2**self.steps)
-        return np.asarray(self.lr * mean / (np.sqrt(square) + 1e-8), dtype=np.float64)
-
-
-class SGD:
-    """Plain gradient ascent."""
-
-    def __init__(self, lr: float) -> None:
-        self.lr = lr
-
-    def step(self, gradient: FloatArray) -> FloatArray:
-        return self.lr * gradient
-
-
-OPTIMIZERS = {"adam": Adam, "sgd": SGD}
-
-
 # --- arms ----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Arm:
-    """An allocation rule and its budget; `policy` None is an in-process oracle whose rules are those of
-    `oracle_of` (`trace`: the joint Stage 1 objective; `trace_paper`: the paper's)."""
-
-    name: str
-    policy: Policy | None
-    budget: int
-    expansion: float
-    oracle_of: Policy = Policy.TRACE
-    #: The tree advantage it trains on: a `bench.advantages` name (arm `<arm>@<name>` on the command line).
-    advantage: str = "service"
-    #: The share of M spent in a first wave over the pool, before the rest is allocated with the first
-    #: wave's outcomes in the prompts' history (arm `<arm>+pilot`; 0: one allocation per step).
-    pilot: float = 0.0
-    #: The request's control share ε (arm `<arm>~<share>`; the contract's default otherwise).
-    control_share: float = DEFAULT_CONTROL_SHARE
-
-    @property
-    def flat(self) -> bool:
-        """Bare rollouts only: its groups are GRPO groups."""
-        return self.expansion == 0
-
-    @property
-    def reads_predictor(self) -> bool:
-        """Whether its rules read Ṽ (`POLICIES`): only those wait for their job's predictor to train."""
-        return self.policy is not None and POLICIES[self.policy].uses_predictor
-
-    @property
-    def waves(self) -> list[int]:
-        """The bare rollouts of each allocation in a step: M at once, or the pilot's share of it first."""
-        pilot = round(self.pilot * self.budget)
-        return [pilot, self.budget - pilot] if 0 < pilot < self.budget else [self.budget]
-
-    @property
-    def mixed_groups_only(self) -> bool:
-        """DAPO's dynamic sampling keeps only the mixed groups for training."""
-        return self.policy is not None and POLICIES[self.policy].keeps_only_mixed_groups
-
-
-#: An arm named `<arm>+pilot` allocates twice per step (`Arm.pilot`).
-PILOT_SUFFIX = "+pilot"
-#: An arm named `<arm>~<share>` allocates with that control share (`Arm.control_share`).
-SHARE_MARK = "~"
-
-
-def variant_arm(name: str, known: dict[str, Arm], pilot_share: float) -> Arm | None:
-    """The ablation `name` names, None when it names none: `<arm>~<share>` allocates with another control
-    share; `<arm>@<advantage>` trains on another tree advantage; `<arm>+pilot` (an arm of the service,
-    after any `@<advantage>`) allocates in two waves."""
-    named, _, share = name.partition(SHARE_MARK)
-    piloted = named.endswith(PILOT_SUFFIX)
-    base, _, advantage = named.removesuffix(PILOT_SUFFIX).partition("@")
-    arm = known.get(base)
-    if arm is None or base == UNIFORM or (advantage and advantage not in ADVANTAGES):
-        return None
-    if (piloted or share) and arm.policy is None:
-        return None
-    try:
-        control_share = float(share) if share else arm.control_share
-    except ValueError:
-        return None
-    if not 0.0 <= control_share <= 1.0:
-        return None
-    return replace(
-        arm,
-        name=name,
-        advantage=advantage or arm.advantage,
-        pilot=pilot_share if piloted else 0.0,
-        control_share=control_share,
-    )
-
-
-def build_arms(bare: int, expansion: float) -> list[Arm]:
-    """uniform, every policy of the contract at (M, N), and the oracle, all at R = M + ⌊M·N⌋ rollouts."""
-    total = bare + continuation_budget(bare, expansion)
-    arms = [Arm(UNIFORM, Policy.UNIFORM, total, 0.0)]
-    arms += [
-        Arm(UNIFORM_TREE if policy is Policy.UNIFORM else policy.value, policy, bare, expansion)
-        for policy in Policy
-    ]
-    arms.append(Arm(ORACLE, None, bare, expansion))
-    arms.append(Arm(ORACLE_JOINT, None, bare, expansion, Policy.TRACE_JOINT))
-    arms.append(Arm(ORACLE_SHARED, None, bare, expansion, Policy.TRACE_SHARED))
-    return arms
-
-
-@dataclass
-class Curve:
-    """One arm's run: held-out success after 0, 1, … updates, cumulative cost, per-step groups."""
-
-    success: list[float] = field(default_factory=list)
-    rollouts: list[int] = field(default_factory=lambda: [0])
-    turns: list[int] = field(default_factory=lambda: [0])
-    mixed: list[int] = field(default_factory=list)
-    active: list[int] = field(default_factory=list)
-    #: The sums of the arm's policy trees and of its control trees (`trace_service.allocation.gain`).
-    policy_trees: ArmSums = field(default_factory=ArmSums)
-    control_trees: ArmSums = field(default_factory=ArmSums)
-    #: The service's estimate of the arm's gain over uniform, read from its job's stats after the run,
-    #: and the slope of the trust map its Stage 1 read the predictor through then.
-    estimate: GainEstimate | None = None
-    trust: float | None = None
-
-    @property
-    def effective_ratio(self) -> float:
-        return statistics.fmean(m / a if a else 0.0 for m, a in zip(self.mixed, self.active, strict=True))
 
 
 @dataclass(frozen=True)
@@ -387,24 +124,6 @@ class StepOutcome:
     active: int
     policy_trees: ArmSums = field(default_factory=ArmSums)
     control_trees: ArmSums = field(default_factory=ArmSums)
-
-
-def success_at(costs: Sequence[float], success: Sequence[float], cost: float) -> float:
-    """The curve's success at `cost`, linear between points; its last point's when it ends before
-    (`np.interp` holds the end values outside the curve)."""
-    return float(np.interp(cost, costs, success))
-
-
-def cost_to_reach(costs: Sequence[float], success: Sequence[float], target: float) -> float | None:
-    """The cost at which the curve (costs[k], success[k]) first reaches `target`, linear between
-    points; None when it never does (past the horizon)."""
-    for k, value in enumerate(success):
-        if value >= target:
-            if k == 0:
-                return float(costs[0])
-            low, high = success[k - 1], value
-            return float(costs[k - 1] + (target - low) / (high - low) * (costs[k] - costs[k - 1]))
-    return None
 
 
 class ArmRun:
@@ -692,143 +411,6 @@ async def run_family_seed(
     return {run.arm.name: run.curve for run in runs}
 
 
-# --- the report ----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ArmFigures:
-    """What the tables show of one arm on one (family, seed): the held-out success at uniform's total
-    turns (equal compute; after the arm's last step if it generated fewer), the steps it took, and the
-    ratios, None past the horizon (or when uniform did not improve on its start, so there is nothing to
-    reach)."""
-
-    final_success: float
-    steps: int
-    turns_ratio: float | None
-    rollouts_ratio: float | None
-    mixed_per_step: float
-    effective_ratio: float
-
-
-def arm_figures(curves: dict[str, Curve]) -> dict[str, ArmFigures]:
-    uniform = curves[UNIFORM]
-    target = uniform.success[-1]
-    improved = target > uniform.success[0]
-
-    def ratio(curve: Curve, unit: str) -> float | None:
-        mine = cost_to_reach(getattr(curve, unit), curve.success, target)
-        theirs = cost_to_reach(getattr(uniform, unit), uniform.success, target)
-        if not improved or mine is None or not theirs:
-            return None
-        return mine / theirs
-
-    return {
-        name: ArmFigures(
-            final_success=success_at(curve.turns, curve.success, uniform.turns[-1]),
-            steps=len(curve.mixed),
-            turns_ratio=ratio(curve, "turns"),
-            rollouts_ratio=ratio(curve, "rollouts"),
-            mixed_per_step=statistics.fmean(curve.mixed),
-            effective_ratio=curve.effective_ratio,
-        )
-        for name, curve in curves.items()
-    }
-
-
-def _ratio_cell(value: float | None) -> str:
-    return "> horizon" if value is None else f"{value:.2f}"
-
-
-def print_seed_table(family: str, seed: int, curves: dict[str, Curve]) -> None:
-    figures = arm_figures(curves)
-    uniform = curves[UNIFORM]
-    print(
-        f"\n{family}, seed {seed}: uniform's held-out success {uniform.success[0]:.3f} → "
-        f"{uniform.success[-1]:.3f} in {uniform.turns[-1]} turns, {uniform.rollouts[-1]} rollouts"
-    )
-    header = (
-        f"{'arm':<14} {'final':>7} {'steps':>6} {'turns→uniform':>14} {'rollouts→uniform':>17}"
-        f" {'mixed/step':>11} {'eff. ratio':>11}"
-    )
-    print(header)
-    print("-" * len(header))
-    for name, row in figures.items():
-        print(
-            f"{name:<14} {row.final_success:>7.3f} {row.steps:>6} {_ratio_cell(row.turns_ratio):>14} "
-            f"{_ratio_cell(row.rollouts_ratio):>17} {row.mixed_per_step:>11.1f} {row.effective_ratio:>11.3f}"
-        )
-
-
-def print_summary(results: dict[str, dict[int, dict[str, Curve]]]) -> None:
-    print("\nSummary: mean ± std over seeds; (k/S): only k of S seeds reached uniform's final success")
-    header = (
-        f"{'family':<10} {'arm':<14} {'final success':>15} {'steps':>6} {'turns→uniform':>20}"
-        f" {'rollouts→uniform':>20} {'mixed/step':>14} {'eff. ratio':>13}"
-    )
-    print(header)
-    print("-" * len(header))
-    for family, per_seed in results.items():
-        figures = [arm_figures(curves) for curves in per_seed.values()]
-        for name in figures[0]:
-            rows = [seed_figures[name] for seed_figures in figures]
-            final_mean, final_spread = mean_std([row.final_success for row in rows])
-            final = f"{final_mean:.3f} ± {final_spread:.3f}"
-            steps = statistics.fmean(row.steps for row in rows)
-            print(
-                f"{family:<10} {name:<14} {final:>15} {steps:>6.1f} "
-                f"{mean_spread([r.turns_ratio for r in rows]):>20} "
-                f"{mean_spread([r.rollouts_ratio for r in rows]):>20} "
-                f"{mean_spread([r.mixed_per_step for r in rows]):>14} "
-                f"{mean_spread([r.effective_ratio for r in rows]):>13}"
-            )
-    print(
-        "final success: exact mean success of the held-out tasks once the arm has generated uniform's\n"
-        "turns (equal compute, linear between steps), or after its last update if it generated fewer.\n"
-        "steps: policy-gradient steps taken (--horizon turns: until uniform's turns are matched).\n"
-        "turns→uniform, rollouts→uniform: the turns (rollouts) an arm needed to reach uniform's final\n"
-        "success over uniform's own (< 1: faster than uniform). mixed/step: mixed groups per step;\n"
-        "eff. ratio: mixed / active groups."
-    )
-
-
-def plot(results: dict[str, dict[int, dict[str, Curve]]], out: Path) -> list[Path]:
-    """Per family: held-out success over cumulative turns and over steps, mean over seeds."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    written = []
-    out.mkdir(parents=True, exist_ok=True)
-    for family, per_seed in results.items():
-        figure, (by_turns, by_step) = plt.subplots(1, 2, figsize=(13, 5))
-        colors = line_colors(list(next(iter(per_seed.values()))))
-        for name, color in colors.items():
-            arm_curves = [curves[name] for curves in per_seed.values()]
-            # Seeds may take different numbers of steps (--horizon turns): the steps every seed took.
-            points = min(len(curve.success) for curve in arm_curves)
-            success = np.mean([curve.success[:points] for curve in arm_curves], axis=0)
-            turns = np.mean([curve.turns[:points] for curve in arm_curves], axis=0)
-            style = {"color": color, "linewidth": 2.4 if name in FIXED else 1.2}
-            by_turns.plot(turns, success, label=name, **style)
-            by_step.plot(np.arange(success.size), success, label=name, **style)
-        by_step.xaxis.set_major_locator(MaxNLocator(integer=True))
-        by_turns.set_xlabel("cumulative turns generated")
-        by_step.set_xlabel("policy-gradient steps")
-        for axes in (by_turns, by_step):
-            axes.set_ylabel("held-out success (exact)")
-            axes.grid(alpha=0.3)
-        by_step.legend(ncol=2, fontsize=8)
-        figure.suptitle(f"{family}: held-out success, mean over {len(per_seed)} seeds")
-        figure.tight_layout()
-        path = out / f"learning-{family}.png"
-        figure.savefig(path, dpi=110)
-        plt.close(figure)
-        written.append(path)
-    return written
-
-
 # --- command line --------------------------------------------------------------------------------------
 
 
@@ -837,7 +419,8 @@ def policy_families() -> list[str]:
     return [name for name in FAMILIES if isinstance(make_workload(name, 0, prompts=8), PolicyWorkload)]
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def argument_parser() -> argparse.ArgumentParser:
+    """The command line of this script (module docstring), with its defaults."""
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
@@ -900,29 +483,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="smoke run: 1 seed, 3 steps, 64 tasks, pool 32, budget 64, 64 held-out tasks",
     )
+    return parser
+
+
+def chosen_arms(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[Arm]:
+    """The arms `--arms` names (every arm when none), uniform first when it names no uniform; an unknown
+    name is the parser's error."""
+    arms = build_arms(args.budget, args.expansion)
+    if args.arms is None:
+        return arms
+    wanted = comma_list(args.arms)
+    known = {arm.name: arm for arm in arms}
+    for name in (name for name in wanted if name not in known):
+        variant = variant_arm(name, known, args.pilot_share)
+        if variant is not None:
+            known[name] = variant
+    unknown = [name for name in wanted if name not in known]
+    if unknown:
+        parser.error(
+            f"unknown arms {unknown}; choose from {', '.join(known)} "
+            f"(or <arm>@<variant>, <arm>{PILOT_SUFFIX})"
+        )
+    if UNIFORM not in wanted:
+        wanted.insert(0, UNIFORM)  # every figure is relative to uniform
+    return [known[name] for name in wanted]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argument_parser()
     args = parser.parse_args(argv)
     if args.quick:
         args.seeds, args.steps, args.prompts, args.pool, args.budget, args.eval_prompts = 1, 3, 64, 32, 64, 64
     check_sizes(parser, args, ("seeds", "steps", "prompts", "pool", "budget", "eval_prompts"))
     args.families = chosen_families(parser, args, policy_families())
-    arms = build_arms(args.budget, args.expansion)
-    if args.arms is not None:
-        wanted = comma_list(args.arms)
-        known = {arm.name: arm for arm in arms}
-        for name in (name for name in wanted if name not in known):
-            variant = variant_arm(name, known, args.pilot_share)
-            if variant is not None:
-                known[name] = variant
-        unknown = [name for name in wanted if name not in known]
-        if unknown:
-            parser.error(
-                f"unknown arms {unknown}; choose from {', '.join(known)} "
-                f"(or <arm>@<variant>, <arm>{PILOT_SUFFIX})"
-            )
-        if UNIFORM not in wanted:
-            wanted.insert(0, UNIFORM)  # every figure is relative to uniform
-        arms = [known[name] for name in wanted]
-    args.arm_list = arms
+    args.arm_list = chosen_arms(parser, args)
     return args
 
 

@@ -50,233 +50,33 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from bench.advantages import ADVANTAGES, exported_tree_advantages
-from bench.learning import (
-    SHARE_MARK,
-    Arm,
-    cost_to_reach,
-    fresh_job,
-    service_settings,
-    success_at,
-    wait_for_training,
-)
+from bench.advantages import ADVANTAGES
+from bench.learning import fresh_job, service_settings, wait_for_training
+from bench.learning_arms import SHARE_MARK, UNIFORM, Arm
 from bench.lm import vocab
-from bench.lm.grpo import pad_batch, token_policy_loss
+from bench.lm.agent import LMAgent, LMPolicy, TrainingSequence, training_sequences
 from bench.lm.model import ModelConfig, TinyLM
+from bench.lm.report import TokenCurve, collapses, load_curve, plot, run_path, save_curve, summary
 from bench.lm.tasks import TASKS, Prompt, Task
-from bench.plotting import line_colors
-from bench.protocol import comma_list, mean_spread
+from bench.protocol import comma_list
 from trace_client import AsyncTraceClient
-from trace_client.driver import DriverConfig, FinishedTree, History, RolloutDriver, TurnResult
+from trace_client.driver import DriverConfig, RolloutDriver
 from trace_lab.local import ServiceProcess
 from trace_proto import DEFAULT_CONTROL_SHARE, AllocateRequest, Policy, PromptIn
 from trace_service.allocation import continuation_budget
 
-UNIFORM = "uniform"
 DEFAULT_ARMS = ("uniform", "dapo", "trace_joint", "trace")
 #: Every policy of the contract; `uniform` is GRPO's flat groups at R = M + ⌊M·N⌋ rollouts.
 ALL_ARMS = tuple(policy.value for policy in Policy)
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "results"
 #: Under the token horizon an arm steps on at most this many times `--steps` to match uniform's tokens.
 MAX_STEPS_FACTOR = 2
-#: Seconds the agent waits for the other rollouts' turns before sampling a batch.
-BATCH_WINDOW = 0.005
-#: What ends a rollout whose transcript the model's context can no longer hold (a failure).
-CONTEXT_EXHAUSTED = "context exhausted"
-
-
-# --- the policy ----------------------------------------------------------------------------------------
-
-
-class LMPolicy:
-    """The transformer, its optimiser and how it acts on transcripts (`bench.lm.vocab`)."""
-
-    def __init__(self, model: TinyLM, task: Task, *, lr: float, feature_dim: int, seed: int) -> None:
-        self.model = model
-        self.task = task
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-        self.feature_dim = feature_dim
-        self.generator = torch.Generator().manual_seed(seed)
-
-    def fits(self, prefix: Sequence[int]) -> bool:
-        """Whether the model's context holds the prefix and the task's longest action after it: a
-        transcript that does not ends its rollout as a failure (`CONTEXT_EXHAUSTED`)."""
-        return len(prefix) + self.task.max_action_chars + 1 <= self.model.config.max_len
-
-    def act(
-        self, prefixes: Sequence[Sequence[int]], *, greedy: bool = False
-    ) -> list[tuple[list[int], list[float]]]:
-        """One action per prefix: its token ids (ending with EOT unless cut at the task's longest
-        action) and the features of the prefix."""
-        self.model.eval()
-        samples = self.model.sample(
-            prefixes,
-            max_new_tokens=self.task.max_action_chars + 1,
-            stop_id=vocab.EOT,
-            generator=self.generator,
-            greedy=greedy,
-            feature_dim=self.feature_dim,
-        )
-        return list(zip(samples.tokens, samples.features, strict=True))
-
-    def update(self, sequences: Sequence[TrainingSequence], *, batch: int = 128) -> float:
-        """One Adam step on −Σ A·log π(token) / (generated tokens), over every sequence's action tokens;
-        minibatches add up to the whole step's gradient (each weighted by its share of the tokens)."""
-        self.model.train()
-        self.optimizer.zero_grad()
-        total = sum(end - start for seq in sequences for start, end in seq.spans)
-        if not total:
-            return 0.0
-        loss_sum = 0.0
-        for first in range(0, len(sequences), batch):
-            part = sequences[first : first + batch]
-            ids, real = (tensor.to(self.model.device) for tensor in pad_batch([seq.ids for seq in part]))
-            advantages = torch.zeros(ids.shape, device=ids.device)
-            action = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
-            for row, seq in enumerate(part):
-                for start, end in seq.spans:
-                    advantages[row, start:end] = seq.advantage
-                    action[row, start:end] = True
-            logprobs = self.model.token_logprobs(ids, real)
-            tokens = int(action.sum())
-            loss = token_policy_loss(logprobs, advantages, action) * (tokens / total)
-            loss.backward()
-            loss_sum += loss.item()
-        self.optimizer.step()
-        return loss_sum
-
-
-@dataclass(frozen=True)
-class TrainingSequence:
-    """A transcript, the [start, end) token spans of the actions it trains on, and their advantage."""
-
-    ids: list[int]
-    spans: tuple[tuple[int, int], ...]
-    advantage: float
-
-
-@dataclass(frozen=True)
-class TurnState:
-    """What a turn carries for the turns after it and for the update: the action and what the
-    environment answered."""
-
-    action: str
-    observation: str
-
-
-#: The turn that ends a rollout whose transcript the model cannot hold any longer (no action).
-EXHAUSTED = TurnState("", CONTEXT_EXHAUSTED)
-
-
-def history_turns(history: History) -> list[tuple[str, str]]:
-    turns = []
-    for turn in history.turns:
-        if not isinstance(turn.state, TurnState):
-            raise TypeError("a turn of this history was not made by LMAgent")
-        turns.append((turn.state.action, turn.state.observation))
-    return turns
-
-
-class LMAgent:
-    """`next_turn` for the driver: the turns of every rollout in flight sampled in one batch."""
-
-    def __init__(self, policy: LMPolicy, prompts: dict[str, Prompt]) -> None:
-        self.policy = policy
-        self.prompts = prompts
-        self.tokens = 0
-        self._waiting: list[tuple[History, asyncio.Future[TurnResult]]] = []
-        self._batcher: asyncio.Task[None] | None = None
-
-    async def next_turn(self, history: History) -> TurnResult:
-        answer: asyncio.Future[TurnResult] = asyncio.get_running_loop().create_future()
-        self._waiting.append((history, answer))
-        if self._batcher is None or self._batcher.done():
-            self._batcher = asyncio.create_task(self._run())
-        return await answer
-
-    async def _run(self) -> None:
-        while self._waiting:
-            await asyncio.sleep(BATCH_WINDOW)
-            batch, self._waiting = self._waiting, []
-            try:
-                results = await asyncio.to_thread(self._turns, [history for history, _ in batch])
-            except Exception as error:  # every rollout of the batch fails alone, none waits forever
-                for _, answer in batch:
-                    answer.set_exception(error)
-                continue
-            for (_, answer), result in zip(batch, results, strict=True):
-                answer.set_result(result)
-
-    def _turns(self, histories: Sequence[History]) -> list[TurnResult]:
-        task = self.policy.task
-        contexts = [(self.prompts[h.prompt.prompt_id], history_turns(h)) for h in histories]
-        prefixes = [vocab.prefix(prompt.text, turns) for prompt, turns in contexts]
-        room = [self.policy.fits(prefix) for prefix in prefixes]
-        acted = iter(self.policy.act([prefix for prefix, fits in zip(prefixes, room, strict=True) if fits]))
-        results = []
-        for (prompt, turns), fits in zip(contexts, room, strict=True):
-            if not fits:  # the model cannot read any more of this transcript: it ends, failed
-                results.append(TurnResult(text=CONTEXT_EXHAUSTED, done=True, reward=0.0, state=EXHAUSTED))
-                continue
-            tokens, features = next(acted)
-            self.tokens += len(tokens)
-            action = vocab.decode(tokens)
-            observation = task.step(prompt, [*(a for a, _ in turns), action])
-            results.append(
-                TurnResult(
-                    text=f"{action} -> {observation.text}",
-                    done=observation.done,
-                    reward=observation.reward,
-                    features=features or None,
-                    state=TurnState(action, observation.text),
-                )
-            )
-        return results
-
-
-def training_sequences(
-    finished: FinishedTree, prompt: Prompt, *, flat: bool, advantage: str = "service"
-) -> list[TrainingSequence]:
-    """Every sampled action of a tree with its advantage: the service's tree advantage (or the
-    `bench.advantages` variant named), or on a flat group r − mean(group) (= V̂(node) − V̂(root): each
-    node lies on one rollout). Failure leaves (no policy turn) and nodes without a scored leaf below are
-    left out."""
-    tree = finished.tree
-    if tree.value is None:
-        return []
-    variant = None if advantage == "service" else exported_tree_advantages(tree, advantage)
-    parent = {node.node_id: node.parent_id for node in tree.nodes}
-    sequences = []
-    for i, node in enumerate(tree.nodes):
-        if node.node_id not in finished.turns or node.value is None:
-            continue
-        if flat:
-            node_advantage: float | None = node.value - tree.value
-        else:
-            node_advantage = node.advantage if variant is None else float(variant[i])
-        if node_advantage is None:
-            continue
-        path: list[str] = []
-        current: str | None = node.node_id
-        while current is not None:
-            path.append(current)
-            current = parent[current]
-        turns = [finished.turns[node_id].state for node_id in reversed(path)]
-        if not all(isinstance(turn, TurnState) for turn in turns):
-            continue
-        if turns[-1] == EXHAUSTED:
-            continue  # a rollout ended for want of context: no action to train
-        transcript = vocab.transcript(prompt.text, [(t.action, t.observation) for t in turns])  # type: ignore[union-attr]
-        start, end = transcript.action_spans[-1]
-        # Cut after the action: what follows cannot change its log-probabilities, and need not fit.
-        sequences.append(TrainingSequence(transcript.ids[:end], ((start, end),), float(node_advantage)))
-    return sequences
 
 
 # --- evaluation and warm start -------------------------------------------------------------------------
@@ -364,29 +164,6 @@ def warm_started(
 
 
 # --- arms ----------------------------------------------------------------------------------------------
-
-
-@dataclass
-class TokenCurve:
-    """One arm's run: cumulative generated tokens and rollouts after 0, 1, … updates, and held-out
-    accuracy after the updates listed in ``evaluated`` (0: the warm start)."""
-
-    greedy: list[float] = field(default_factory=list)
-    sampled: list[float] = field(default_factory=list)
-    evaluated: list[int] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=lambda: [0])
-    rollouts: list[int] = field(default_factory=lambda: [0])
-    mixed: list[int] = field(default_factory=list)
-    active: list[int] = field(default_factory=list)
-
-    def evaluated_at(self, costs: Sequence[int]) -> list[int]:
-        """``costs`` (tokens or rollouts) at each evaluation."""
-        return [costs[update] for update in self.evaluated]
-
-    def record_accuracy(self, greedy: float, sampled: float) -> None:
-        self.greedy.append(greedy)
-        self.sampled.append(sampled)
-        self.evaluated.append(len(self.tokens) - 1)
 
 
 def build_arms(names: Sequence[str], bare: int, expansion: float) -> list[Arm]:
@@ -548,34 +325,6 @@ async def run_task_seed(
     return {run.arm.name: run.curve for run in runs}
 
 
-#: The arguments that do not change an arm's curve (a saved curve is reused whatever they are).
-NOT_IN_RUN_KEY = frozenset(
-    {"task", "tasks", "arms", "seeds", "threads", "step_timeout", "out", "runs", "quick"}
-)
-
-
-def run_path(task: Task, seed: int, arm: str, args: argparse.Namespace) -> Path:
-    """Where the curve of (task, seed, arm, every argument that shapes it) is saved: a matrix can be run
-    in parts (one process per task, say), an arm added later reuses the others, and the full command
-    reports it all without running again."""
-    shaping = {name: value for name, value in vars(args).items() if name not in NOT_IN_RUN_KEY}
-    key = json.dumps([task.name, seed, shaping], sort_keys=True, default=str)
-    return args.runs / f"{task.name}-s{seed}-{hashlib.sha256(key.encode()).hexdigest()[:12]}-{arm}.json"
-
-
-def save_curve(path: Path, curve: TokenCurve) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".part")
-    partial.write_text(json.dumps(asdict(curve)))
-    partial.replace(path)  # never a half-written run
-
-
-def load_curve(path: Path) -> TokenCurve | None:
-    if not path.exists():
-        return None
-    return TokenCurve(**json.loads(path.read_text()))
-
-
 def print_histogram(task: Task, policy: LMPolicy, prompts: Sequence[Prompt], samples: int = 8) -> None:
     """The warm-started policy's per-prompt success on the test set (sampled, `samples` each)."""
     repeated = [prompt for prompt in prompts for _ in range(samples)]
@@ -586,109 +335,6 @@ def print_histogram(task: Task, policy: LMPolicy, prompts: Sequence[Prompt], sam
         f"  warm start {task.name}: per-prompt success (0 → 1, {samples} samples each): {bars}",
         file=sys.stderr,
     )
-
-
-# --- the report ----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ArmFigures:
-    final_greedy: float
-    final_sampled: float
-    sampled_at_rollouts: float
-    tokens_ratio: float | None
-    mixed_share: float
-
-
-def arm_figures(curves: dict[str, TokenCurve]) -> dict[str, ArmFigures]:
-    """Per arm: accuracy at uniform's total tokens (and sampled at its total rollouts), the tokens it
-    needed to reach uniform's final sampled accuracy (the policy RL trains) over uniform's own (None past
-    the horizon, or when uniform did not improve)."""
-    uniform = curves[UNIFORM]
-    target, horizon = uniform.sampled[-1], uniform.tokens[-1]
-    figures = {}
-    for name, curve in curves.items():
-        mine = cost_to_reach(curve.evaluated_at(curve.tokens), curve.sampled, target)
-        theirs = cost_to_reach(uniform.evaluated_at(uniform.tokens), uniform.sampled, target)
-        ratio = mine / theirs if target > uniform.sampled[0] and mine is not None and theirs else None
-        figures[name] = ArmFigures(
-            final_greedy=success_at(curve.evaluated_at(curve.tokens), curve.greedy, horizon),
-            final_sampled=success_at(curve.evaluated_at(curve.tokens), curve.sampled, horizon),
-            sampled_at_rollouts=success_at(
-                curve.evaluated_at(curve.rollouts), curve.sampled, uniform.rollouts[-1]
-            ),
-            tokens_ratio=ratio,
-            mixed_share=sum(curve.mixed) / max(1, sum(curve.active)),
-        )
-    return figures
-
-
-def summary(results: dict[str, dict[int, dict[str, TokenCurve]]]) -> list[str]:
-    lines = [
-        "| task | arm | greedy pass@1 at uniform's tokens | sampled pass@1 | sampled pass@1 at uniform's "
-        "rollouts | tokens to uniform's final sampled pass@1 (× uniform's) | mixed groups |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for task, per_seed in results.items():
-        figures = [arm_figures(curves) for curves in per_seed.values()]
-        for name in figures[0]:
-            rows = [seed_figures[name] for seed_figures in figures]
-
-            greedy = mean_spread([r.final_greedy for r in rows], 3)
-            sampled = mean_spread([r.final_sampled for r in rows], 3)
-            by_rollouts = mean_spread([r.sampled_at_rollouts for r in rows], 3)
-            ratio, mixed = (
-                mean_spread([r.tokens_ratio for r in rows]),
-                mean_spread([r.mixed_share for r in rows]),
-            )
-            lines.append(f"| {task} | {name} | {greedy} | {sampled} | {by_rollouts} | {ratio} | {mixed} |")
-    return lines
-
-
-def collapses(results: dict[str, dict[int, dict[str, TokenCurve]]]) -> list[str]:
-    """A line for every (task, seed, arm) whose last sampled accuracy fell below its warm start's: RL
-    made that arm's policy worse than where it began."""
-    return [
-        f"collapsed: {task} seed {seed} {name}: sampled pass@1 {curve.sampled[-1]:.3f} at its end, "
-        f"below its warm start's {curve.sampled[0]:.3f}"
-        for task, per_seed in results.items()
-        for seed, curves in per_seed.items()
-        for name, curve in curves.items()
-        if curve.sampled and curve.sampled[-1] < curve.sampled[0]
-    ]
-
-
-def plot(results: dict[str, dict[int, dict[str, TokenCurve]]], out: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for task, per_seed in results.items():
-        figure, axes = plt.subplots(figsize=(8, 5))
-        for name, color in line_colors(list(next(iter(per_seed.values())))).items():
-            curves = [curves[name] for curves in per_seed.values()]
-            # Each seed's curve on one grid up to the shortest run's tokens, then the mean.
-            tokens = np.linspace(0, min(c.tokens[c.evaluated[-1]] for c in curves), 64)
-            for kind, style in (("sampled", "-"), ("greedy", ":")):
-                mean = np.mean(
-                    [np.interp(tokens, c.evaluated_at(c.tokens), getattr(c, kind)) for c in curves], axis=0
-                )
-                axes.plot(
-                    tokens, mean, color=color, linestyle=style, label=name if kind == "sampled" else None
-                )
-        axes.set_xlabel("cumulative generated tokens")
-        axes.set_ylabel("held-out pass@1: sampled (solid), greedy (dotted)")
-        axes.grid(alpha=0.3)
-        axes.legend()
-        figure.suptitle(f"{task}: mean over {len(per_seed)} seeds")
-        path = out / f"lm-{task}.png"
-        figure.savefig(path, dpi=110)
-        plt.close(figure)
-        written.append(path)
-    return written
 
 
 # --- command line --------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.advantages import ADVANTAGES
-from bench.learning import SampledTurns, weighted_turns
+from bench.policy_gradient import SampledTurns, weighted_turns
 from trace_service.allocation.tree import tree_targets
 
 

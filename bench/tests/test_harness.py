@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 import bench.harness as harness
+from bench.branching import shared_draws
 from bench.estimators import FinishedTree, Query, TruthAt, oracle_estimator, posterior_estimator
+from bench.forest import Forest, Ledger, PromptRecord
 from bench.harness import (
     BudgetUnit,
-    PromptRecord,
     StepConfig,
     Strategy,
     default_strategies,
@@ -278,10 +279,10 @@ def test_shared_draws_leave_mixed_trees_their_kept_part_and_never_exceed_the_sha
     sharing = POLICIES[policy].sharing
     assert sharing is not None
     workload, pool = fresh_pool()
-    forest = harness._Forest(pool[:16], [4] * 16, POLICIES[policy])
-    harness._run_bare(workload, forest, harness._Ledger(None), np.random.default_rng(0))
+    forest = Forest(pool[:16], [4] * 16, POLICIES[policy])
+    harness._run_bare(workload, forest, Ledger(None), np.random.default_rng(0))
     shares = [4] * 16
-    draws = harness._draws(forest, shares, np.full(16, 0.5), sharing)
+    draws = shared_draws(forest, shares, np.full(16, 0.5), sharing)
     successes, visits, _ = forest.outcomes()
     mixed = is_mixed(successes, visits)
     assert mixed.any() and not mixed.all()
@@ -297,8 +298,8 @@ def test_under_trace_joint_agreeing_trees_branch_from_first_turns_and_mixed_tree
     """`trace_joint`'s sharing: the candidates of a tree whose bare rollouts agree are its first turns; a tree
     whose bare rollouts are mixed keeps every depth the request allows."""
     workload, pool = fresh_pool()
-    forest = harness._Forest(pool[:32], [4] * 32, POLICIES[Policy.TRACE_JOINT])
-    harness._run_bare(workload, forest, harness._Ledger(None), np.random.default_rng(0))
+    forest = Forest(pool[:32], [4] * 32, POLICIES[Policy.TRACE_JOINT])
+    harness._run_bare(workload, forest, Ledger(None), np.random.default_rng(0))
     successes, visits, _ = forest.outcomes()
     mixed = is_mixed(successes, visits)
     depths = [{forest.states[node].turns for node in found.nodes.tolist()} for found in forest.candidates()]
@@ -306,8 +307,8 @@ def test_under_trace_joint_agreeing_trees_branch_from_first_turns_and_mixed_tree
     assert any(
         max(depth, default=0) > 1 for depth, is_mixed_tree in zip(depths, mixed, strict=True) if is_mixed_tree
     )
-    unlimited = harness._Forest(pool[:32], [4] * 32, POLICIES[Policy.TRACE_PAPER])
-    harness._run_bare(workload, unlimited, harness._Ledger(None), np.random.default_rng(0))
+    unlimited = Forest(pool[:32], [4] * 32, POLICIES[Policy.TRACE_PAPER])
+    harness._run_bare(workload, unlimited, Ledger(None), np.random.default_rng(0))
     deepest = [
         max((unlimited.states[n].turns for n in found.nodes.tolist()), default=0)
         for found in unlimited.candidates()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.learning import ORACLE, PILOT_SUFFIX, UNIFORM, Arm, build_arms, parse_args, variant_arm
+from bench.learning import parse_args
+from bench.learning_arms import ORACLE, PILOT_SUFFIX, UNIFORM, Arm, build_arms, variant_arm
 from trace_proto import Policy
 
 

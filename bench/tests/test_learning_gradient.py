@@ -8,7 +8,7 @@ import pytest
 from tiny_policy_workload import TinyPolicyWorkload
 
 from bench.estimators import FinishedTree as ForestTree
-from bench.learning import SampledTurns, forest_tree_turns, policy_gradient, service_tree_turns
+from bench.policy_gradient import SampledTurns, forest_tree_turns, policy_gradient, service_tree_turns
 from trace_client.driver import FinishedTree, TurnResult
 from trace_lab.sim import RolloutState
 from trace_proto import PromptIn, TreeAllocation, TreeNode, TreeResponse, TreeStatus

@@ -6,7 +6,8 @@ import argparse
 
 import pytest
 
-from bench.learning import HORIZONS, Curve, cost_to_reach, success_at, takes_step
+from bench.learning import HORIZONS, takes_step
+from bench.learning_report import Curve, cost_to_reach, success_at
 
 COSTS = [0, 100, 250, 400]
 

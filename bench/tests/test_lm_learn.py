@@ -12,21 +12,10 @@ import torch
 
 from bench.learning import fresh_job
 from bench.lm import vocab
-from bench.lm.learn import (
-    CONTEXT_EXHAUSTED,
-    EXHAUSTED,
-    LMAgent,
-    LMPolicy,
-    TokenCurve,
-    TurnState,
-    WarmStart,
-    collapses,
-    main,
-    play,
-    training_sequences,
-    warm_started,
-)
+from bench.lm.agent import CONTEXT_EXHAUSTED, EXHAUSTED, LMAgent, LMPolicy, TurnState, training_sequences
+from bench.lm.learn import WarmStart, main, play, warm_started
 from bench.lm.model import ModelConfig, TinyLM
+from bench.lm.report import TokenCurve, collapses
 from bench.lm.tasks import ToolArithmetic
 from trace_client.driver import FinishedTree, History, TurnResult
 from trace_proto import AllocateRequest, PromptIn, TreeAllocation, TreeNode, TreeResponse, TreeStatus

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from bench.estimators import Query, oracle_estimator, posterior_estimator
-from bench.harness import PromptRecord, RootBelief, StepConfig, Strategy, _thompson_draw, run_step
+from bench.forest import PromptRecord
+from bench.harness import RootBelief, StepConfig, Strategy, _thompson_draw, run_step
 from trace_lab.sim import FAMILIES, VocabularyConfig
 from trace_proto import Policy
 

@@ -13,7 +13,9 @@ import pytest
 from support import rollout, running_engine
 
 from bench import harness
+from bench.branching import plan_round, shared_draws
 from bench.estimators import Query
+from bench.forest import Forest, Ledger
 from trace_lab.sim import Prompt, RolloutState
 from trace_lab.sim.state import Turn
 from trace_proto import AllocateRequest, ExpandEvent, Policy, PromptIn
@@ -60,7 +62,7 @@ async def test_the_harness_places_continuations_where_the_service_does(policy: P
         )
         allocation = await engine.allocation.allocate(request, None)
         trees = allocation.trees
-        forest = harness._Forest([Prompt(t.prompt_id, "") for t in trees], [t.rollouts for t in trees], rules)
+        forest = Forest([Prompt(t.prompt_id, "") for t in trees], [t.rollouts for t in trees], rules)
         node_of: dict[RolloutState, str] = {}
         service: dict[str, Counter[str]] = {}
         for index, tree in enumerate(trees):  # one tree at a time: the reserve's draws in pool order
@@ -98,16 +100,17 @@ async def test_the_harness_places_continuations_where_the_service_does(policy: P
     shares = [tree.expansion_budget for tree in trees]
     if rules.sharing is not None:
         chances = bare_mixed_chance([t.predicted_success for t in trees], [t.rollouts for t in trees])
-        shares = harness._draws(forest, shares, chances, rules.sharing)
-    planned = harness._plan_round(
-        harness.Strategy(policy.value, policy, recorded),
+        shares = shared_draws(forest, shares, chances, rules.sharing)
+    planned = plan_round(
+        rules,
+        recorded,
         forest,
         {},
         [True] * len(trees),
         shares,
         None,  # type: ignore[arg-type]  # read only when counting turns
         np.random.default_rng(0),
-        harness._Ledger(None),
+        Ledger(None),
     )
     bench: dict[str, Counter[str]] = {tree.tree_id: Counter() for tree in trees}
     for index, node in planned:

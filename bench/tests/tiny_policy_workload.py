@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bench.learning import softmax
 from trace_lab.sim import Prompt, RolloutState, Turn
 from trace_lab.sim.base import FloatArray, PolicyWorkload
+from trace_lab.sim.tabular import softmax_rows as softmax
 
 
 class TinyPolicyWorkload(PolicyWorkload):

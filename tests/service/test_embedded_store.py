@@ -15,7 +15,7 @@ import httpx
 import pytest
 import redis
 
-from bench.liveness import HealthProbe
+from trace_lab.liveness import HealthProbe
 from trace_lab.local import ServiceProcess
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")

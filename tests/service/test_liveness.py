@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.liveness import ROUTES, HealthProbe, allocate_one_tree, hostile_bodies, turn_events
+from trace_lab.liveness import ROUTES, HealthProbe, allocate_one_tree, hostile_bodies, turn_events
 from trace_lab.local import RedisServer, ServiceProcess
 
 #: The service's body limit here: the large bodies are as large as it allows.

@@ -1,0 +1,103 @@
+"""The arms of the learners (`bench/learning.py`, `bench/lm/`): an allocation rule with its budget, the
+tree advantage it trains on and its ablations (`<arm>@<advantage>`, `<arm>+pilot`, `<arm>~<share>`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from bench.advantages import ADVANTAGES
+from trace_proto import DEFAULT_CONTROL_SHARE, Policy
+from trace_service.allocation import POLICIES, continuation_budget
+
+UNIFORM = "uniform"
+UNIFORM_TREE = "uniform_tree"
+ORACLE = "oracle"
+ORACLE_JOINT = "oracle_joint"
+ORACLE_SHARED = "oracle_shared"
+
+
+@dataclass(frozen=True)
+class Arm:
+    """An allocation rule and its budget; `policy` None is an in-process oracle whose rules are those of
+    `oracle_of` (`trace`: the joint Stage 1 objective; `trace_paper`: the paper's)."""
+
+    name: str
+    policy: Policy | None
+    budget: int
+    expansion: float
+    oracle_of: Policy = Policy.TRACE
+    #: The tree advantage it trains on: a `bench.advantages` name (arm `<arm>@<name>` on the command line).
+    advantage: str = "service"
+    #: The share of M spent in a first wave over the pool, before the rest is allocated with the first
+    #: wave's outcomes in the prompts' history (arm `<arm>+pilot`; 0: one allocation per step).
+    pilot: float = 0.0
+    #: The request's control share ε (arm `<arm>~<share>`; the contract's default otherwise).
+    control_share: float = DEFAULT_CONTROL_SHARE
+
+    @property
+    def flat(self) -> bool:
+        """Bare rollouts only: its groups are GRPO groups."""
+        return self.expansion == 0
+
+    @property
+    def reads_predictor(self) -> bool:
+        """Whether its rules read Ṽ (`POLICIES`): only those wait for their job's predictor to train."""
+        return self.policy is not None and POLICIES[self.policy].uses_predictor
+
+    @property
+    def waves(self) -> list[int]:
+        """The bare rollouts of each allocation in a step: M at once, or the pilot's share of it first."""
+        pilot = round(self.pilot * self.budget)
+        return [pilot, self.budget - pilot] if 0 < pilot < self.budget else [self.budget]
+
+    @property
+    def mixed_groups_only(self) -> bool:
+        """DAPO's dynamic sampling keeps only the mixed groups for training."""
+        return self.policy is not None and POLICIES[self.policy].keeps_only_mixed_groups
+
+
+#: An arm named `<arm>+pilot` allocates twice per step (`Arm.pilot`).
+PILOT_SUFFIX = "+pilot"
+#: An arm named `<arm>~<share>` allocates with that control share (`Arm.control_share`).
+SHARE_MARK = "~"
+
+
+def variant_arm(name: str, known: dict[str, Arm], pilot_share: float) -> Arm | None:
+    """The ablation `name` names, None when it names none: `<arm>~<share>` allocates with another control
+    share; `<arm>@<advantage>` trains on another tree advantage; `<arm>+pilot` (an arm of the service,
+    after any `@<advantage>`) allocates in two waves."""
+    named, _, share = name.partition(SHARE_MARK)
+    piloted = named.endswith(PILOT_SUFFIX)
+    base, _, advantage = named.removesuffix(PILOT_SUFFIX).partition("@")
+    arm = known.get(base)
+    if arm is None or base == UNIFORM or (advantage and advantage not in ADVANTAGES):
+        return None
+    if (piloted or share) and arm.policy is None:
+        return None
+    try:
+        control_share = float(share) if share else arm.control_share
+    except ValueError:
+        return None
+    if not 0.0 <= control_share <= 1.0:
+        return None
+    return replace(
+        arm,
+        name=name,
+        advantage=advantage or arm.advantage,
+        pilot=pilot_share if piloted else 0.0,
+        control_share=control_share,
+    )
+
+
+def build_arms(bare: int, expansion: float) -> list[Arm]:
+    """uniform, every policy of the contract at (M, N), and the oracle, all at R = M + ⌊M·N⌋ rollouts."""
+    total = bare + continuation_budget(bare, expansion)
+    arms = [Arm(UNIFORM, Policy.UNIFORM, total, 0.0)]
+    arms += [
+        Arm(UNIFORM_TREE if policy is Policy.UNIFORM else policy.value, policy, bare, expansion)
+        for policy in Policy
+    ]
+    arms.append(Arm(ORACLE, None, bare, expansion))
+    arms.append(Arm(ORACLE_JOINT, None, bare, expansion, Policy.TRACE_JOINT))
+    arms.append(Arm(ORACLE_SHARED, None, bare, expansion, Policy.TRACE_SHARED))
+    return arms
