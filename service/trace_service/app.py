@@ -29,7 +29,7 @@ from redis.exceptions import RedisError
 
 from trace_proto import API_VERSION, AllocateRequest, ExpandRequest, PredictRequest
 from trace_service import __version__
-from trace_service.engine import build_engine
+from trace_service.engine import Engine, build_engine
 from trace_service.errors import install_error_handlers
 from trace_service.metrics import Metrics
 from trace_service.middleware import (
@@ -43,7 +43,7 @@ from trace_service.predictor.registry import PredictorRegistry
 from trace_service.routers import allocate, expand, health, predictor, trees
 from trace_service.settings import Settings
 from trace_service.store import TreeStore, connect
-from trace_service.store.embedded import embedded_redis
+from trace_service.store.embedded import EmbeddedRedis, embedded_redis
 from trace_service.telemetry import setup_tracing
 
 if TYPE_CHECKING:
@@ -90,42 +90,14 @@ def create_app(
     ``tracer_provider`` traces the app to a provider of the caller's (tests, a process that sets up
     OpenTelemetry itself); otherwise the ``OTEL_*`` variables decide (`trace_service.telemetry`)."""
     settings = settings or Settings()
-    registry = CollectorRegistry()
-    # What operators look for beside the service's own: process_*, python_info, python_gc_*.
-    ProcessCollector(registry=registry)
-    PlatformCollector(registry=registry)
-    GCCollector(registry=registry)
+    registry = _collector_registry()
     metrics = Metrics(registry)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         tracing.start()
-        embedded = None if store or settings.store_url else embedded_redis(settings.data_dir)
-        store_url = await embedded.start() if embedded else settings.store_url
-        tree_store = store or TreeStore(
-            connect(store_url, cluster=settings.store_cluster),
-            prefix=settings.store_prefix,
-            tree_ttl=settings.tree_ttl_seconds,
-            job_ttl=settings.job_ttl_seconds,
-            idempotency_ttl=settings.idempotency_ttl_seconds,
-        )
-        checkpoint = settings.predictor_checkpoint
-        base = await asyncio.to_thread(Path(checkpoint).read_bytes) if checkpoint else None
-        predictors = PredictorRegistry(
-            tree_store,
-            metrics,
-            PredictorConfig(device=settings.predictor_device, feature_dim=settings.predictor_feature_dim),
-            capacity=settings.predictor_max_jobs,
-            success_threshold=settings.success_threshold,
-            train_steps=settings.train_steps_per_round,
-            base=base,
-        )
-        if settings.torch_threads or predictors.cold.device.type == "cpu":
-            import torch
-
-            # A serving replica's forward passes are small: on a CPU, intra-op threads wait on each
-            # other (and on the event loop's core) more than they help.
-            torch.set_num_threads(settings.torch_threads or 1)
+        tree_store, embedded = await _open_store(settings, store)
+        predictors = await _predictor_registry(settings, tree_store, metrics)
         engine = build_engine(tree_store, predictors, settings, metrics, clock=app.state.clock)
         app.state.engine = engine
         metrics_server = (
@@ -133,44 +105,15 @@ def create_app(
             if settings.metrics_port
             else None
         )
-        # What exists now (torch, the app, the model: ~300,000 objects) lives as long as the process;
-        # kept out of the cyclic collector, it no longer makes every full collection a ~200 ms pause.
-        gc.collect()
-        gc.freeze()
-        # A large tree keeps hundreds of thousands of objects alive while it is worked on, and every full
-        # collection meanwhile walks them all (a quarter of a second, in whatever thread runs it). Far
-        # fewer collections of the older generations: those pauses become rare.
-        thresholds = gc.get_threshold()
-        gc.set_threshold(*_GC_THRESHOLDS)
-        # CPU work runs in worker threads; the event loop waits for the GIL after each of its
-        # system calls, up to the switch interval each time: 0.5 ms instead of 5 keeps /healthz fast.
-        switch_interval = sys.getswitchinterval()
-        sys.setswitchinterval(_SWITCH_INTERVAL)
+        restore_runtime = _tune_runtime()
         stop = asyncio.Event()
         app.state.embedded_store = embedded
         with tracing.untraced():  # the loops' tasks keep this context: a replica's own rounds go untraced
-            tasks = [
-                *([asyncio.create_task(embedded.supervise(stop))] if embedded else []),
-                asyncio.create_task(
-                    _every(
-                        settings.train_interval_seconds,
-                        lambda: predictors.refresh(train=settings.trainer),
-                        "predictor",
-                        stop,
-                        metrics,
-                    )
-                ),
-                asyncio.create_task(
-                    _every(settings.sweep_interval_seconds, engine.sweeper.sweep, "sweeper", stop, metrics)
-                ),
-            ]
+            tasks = _start_loops(settings, engine, predictors, embedded, stop, metrics)
         try:
             yield
         finally:
-            stop.set()
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await _stop_loops(stop, tasks)
             with contextlib.suppress(RedisError, OSError):
                 await predictors.close()  # what this replica trains is written down before it goes
             if store is None:
@@ -180,9 +123,7 @@ def create_app(
             if metrics_server is not None:
                 metrics_server.shutdown()
                 metrics_server.server_close()
-            gc.unfreeze()
-            gc.set_threshold(*thresholds)
-            sys.setswitchinterval(switch_interval)
+            restore_runtime()
             tracing.stop()
 
     app = FastAPI(
@@ -198,18 +139,131 @@ def create_app(
     # The clock leases, claims and timestamps run on, read when the app starts (a test may set its own).
     app.state.clock = time.time
     app.state.embedded_store = None
+    _include_routers(app)
+    install_error_handlers(app)
+    _add_middleware(app, settings, metrics)
+    tracing = setup_tracing(app, tracer_provider)
+    auth_required = bool(settings.auth_tokens)
+    app.openapi = lambda: openapi_document(app, auth_required=auth_required)  # type: ignore[method-assign]
+    return app
+
+
+def _collector_registry() -> CollectorRegistry:
+    """A registry of the app's own, with what operators look for beside the service's metrics:
+    process_*, python_info, python_gc_*."""
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
+
+
+def _include_routers(app: FastAPI) -> None:
     for router in (allocate.router, expand.router, trees.router, predictor.router, health.router):
         app.include_router(router)
-    install_error_handlers(app)
+
+
+def _add_middleware(app: FastAPI, settings: Settings, metrics: Metrics) -> None:
     # Outermost first: the request id exists before anything can fail; metrics see every answer.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(AuthMiddleware, tokens=[token.get_secret_value() for token in settings.auth_tokens])
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(RequestContextMiddleware)
-    tracing = setup_tracing(app, tracer_provider)
-    auth_required = bool(settings.auth_tokens)
-    app.openapi = lambda: openapi_document(app, auth_required=auth_required)  # type: ignore[method-assign]
-    return app
+
+
+async def _open_store(settings: Settings, store: TreeStore | None) -> tuple[TreeStore, EmbeddedRedis | None]:
+    """The injected store, or one on the Redis the settings name, or else on an embedded Redis (started
+    here, and returned beside the store)."""
+    embedded = None if store or settings.store_url else embedded_redis(settings.data_dir)
+    store_url = await embedded.start() if embedded else settings.store_url
+    tree_store = store or TreeStore(
+        connect(store_url, cluster=settings.store_cluster),
+        prefix=settings.store_prefix,
+        tree_ttl=settings.tree_ttl_seconds,
+        job_ttl=settings.job_ttl_seconds,
+        idempotency_ttl=settings.idempotency_ttl_seconds,
+    )
+    return tree_store, embedded
+
+
+async def _predictor_registry(settings: Settings, store: TreeStore, metrics: Metrics) -> PredictorRegistry:
+    """The jobs' predictors, warm-started from the settings' checkpoint when they name one."""
+    checkpoint = settings.predictor_checkpoint
+    base = await asyncio.to_thread(Path(checkpoint).read_bytes) if checkpoint else None
+    predictors = PredictorRegistry(
+        store,
+        metrics,
+        PredictorConfig(device=settings.predictor_device, feature_dim=settings.predictor_feature_dim),
+        capacity=settings.predictor_max_jobs,
+        success_threshold=settings.success_threshold,
+        train_steps=settings.train_steps_per_round,
+        base=base,
+    )
+    if settings.torch_threads or predictors.cold.device.type == "cpu":
+        import torch
+
+        # A serving replica's forward passes are small: on a CPU, intra-op threads wait on each
+        # other (and on the event loop's core) more than they help.
+        torch.set_num_threads(settings.torch_threads or 1)
+    return predictors
+
+
+def _tune_runtime() -> Callable[[], None]:
+    """Set the cyclic collector and the GIL's switch interval for serving; returns what sets them back."""
+    # What exists now (torch, the app, the model: ~300,000 objects) lives as long as the process;
+    # kept out of the cyclic collector, it no longer makes every full collection a ~200 ms pause.
+    gc.collect()
+    gc.freeze()
+    # A large tree keeps hundreds of thousands of objects alive while it is worked on, and every full
+    # collection meanwhile walks them all (a quarter of a second, in whatever thread runs it). Far
+    # fewer collections of the older generations: those pauses become rare.
+    thresholds = gc.get_threshold()
+    gc.set_threshold(*_GC_THRESHOLDS)
+    # CPU work runs in worker threads; the event loop waits for the GIL after each of its
+    # system calls, up to the switch interval each time: 0.5 ms instead of 5 keeps /healthz fast.
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(_SWITCH_INTERVAL)
+
+    def restore() -> None:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
+        sys.setswitchinterval(switch_interval)
+
+    return restore
+
+
+def _start_loops(
+    settings: Settings,
+    engine: Engine,
+    predictors: PredictorRegistry,
+    embedded: EmbeddedRedis | None,
+    stop: asyncio.Event,
+    metrics: Metrics,
+) -> list[asyncio.Task[None]]:
+    """The replica's background work until ``stop`` is set: the embedded Redis's supervision, the
+    predictors' rounds and the sweeper."""
+    return [
+        *([asyncio.create_task(embedded.supervise(stop))] if embedded else []),
+        asyncio.create_task(
+            _every(
+                settings.train_interval_seconds,
+                lambda: predictors.refresh(train=settings.trainer),
+                "predictor",
+                stop,
+                metrics,
+            )
+        ),
+        asyncio.create_task(
+            _every(settings.sweep_interval_seconds, engine.sweeper.sweep, "sweeper", stop, metrics)
+        ),
+    ]
+
+
+async def _stop_loops(stop: asyncio.Event, tasks: list[asyncio.Task[None]]) -> None:
+    stop.set()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def reject_unknown_query(request: Request) -> None:

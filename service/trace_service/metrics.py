@@ -141,6 +141,23 @@ class Metrics:
         self._clock = clock
         self._last_seen: dict[str, float] = {}  # tracked jobs, least recently seen first
 
+        self._declare_http(registry)
+        self._declare_requests(registry)
+        self._declare_instructions(registry)
+        self._declare_budget(registry)
+        self._declare_trees(registry)
+        self._declare_predictor_quality(registry)
+        self._declare_predictor_runtime(registry)
+        self._declare_store(registry)
+        # Every per-job family and the values of its other labels: what dropping a job's series removes.
+        self._job_series = self._per_job_series()
+
+        # Series with a fixed label set exist from the start, so that rate() sees their first increase.
+        for outcome in EXPAND_OUTCOMES:
+            self.expand_events.labels(outcome=outcome)
+
+    def _declare_http(self, registry: CollectorRegistry) -> None:
+        """HTTP server traffic, by the OpenTelemetry semantic convention."""
         self.http_duration = Histogram(
             "http_server_request_duration_seconds",
             "Duration of HTTP server requests, by method, route template and response status code.",
@@ -150,6 +167,8 @@ class Metrics:
             registry=registry,
         )
 
+    def _declare_requests(self, registry: CollectorRegistry) -> None:
+        """The work of allocations and of expand batches, with their Stage 2 decisions."""
         self.allocate_duration = Histogram(
             "trace_allocate_duration_seconds",
             "Time to compute one allocation (prediction and Stage 1), by allocation policy.",
@@ -183,6 +202,8 @@ class Metrics:
             registry=registry,
         )
 
+    def _declare_instructions(self, registry: CollectorRegistry) -> None:
+        """Branching instructions: issued, queued and leased."""
         self.instructions_issued = Counter(
             "trace_instructions_issued_total",
             "Branching instructions issued, by job.",
@@ -203,6 +224,8 @@ class Metrics:
             registry=registry,
         )
 
+    def _declare_budget(self, registry: CollectorRegistry) -> None:
+        """Where the rollouts promised to trees went."""
         self.budget_promised = Counter(
             "trace_budget_promised_rollouts_total",
             "Rollouts promised to trees, by job and kind: bare (from the root) or continuation.",
@@ -228,6 +251,8 @@ class Metrics:
             registry=registry,
         )
 
+    def _declare_trees(self, registry: CollectorRegistry) -> None:
+        """Completed trees: how many mixed, by arm (:meth:`_declare_control`), and the effective ratio."""
         self.trees_completed = Counter(
             "trace_trees_completed_total",
             "Trees completed, by job and whether their leaves mixed successes and failures.",
@@ -243,6 +268,48 @@ class Metrics:
             registry=registry,
         )
 
+    def _declare_control(self, registry: CollectorRegistry) -> None:
+        """The figures of a job's control trees: what its policy's trees and its control trees yield
+        (their ratio is the job's gain over uniform), the service's estimate of that gain, the trust
+        Stage 1 puts in the predictor and the predictor's skill on control prompts."""
+
+        def arm_counter(name: str, what: str) -> Counter:
+            return Counter(
+                name,
+                f"{what} of complete trees, by job and arm (policy or control).",
+                [JOB_LABEL, "arm"],
+                registry=registry,
+            )
+
+        self.arm_trees = arm_counter("trace_arm_trees_total", "Count")
+        self.arm_mixed = arm_counter("trace_arm_mixed_total", "Mixed ones")
+        self.arm_bare_rollouts = arm_counter("trace_arm_bare_rollouts_total", "Scored bare rollouts")
+        self.arm_turns = arm_counter("trace_arm_turns_total", "Turns generated")
+        self.arm_families = (self.arm_trees, self.arm_mixed, self.arm_bare_rollouts, self.arm_turns)
+        self.gain_ratio = Gauge(
+            "trace_gain_ratio",
+            "The job's mixed groups per unit (bare_rollout or turn) over its control trees', as its stats "
+            "last estimated them, with the bounds of the 90% interval (store-wide: aggregate with max).",
+            [JOB_LABEL, "unit", "bound"],
+            registry=registry,
+        )
+        self.trust_slope = Gauge(
+            "trace_trust_slope",
+            "The slope of the trust map Stage 1 read the predictor through at the job's last allocation "
+            "(0: uniform's allocation; 1: the predictor as it is).",
+            [JOB_LABEL],
+            registry=registry,
+        )
+        self.control_brier_skill = Gauge(
+            "trace_control_brier_skill",
+            "1 − the predictor's Brier score on the job's control prompts over one constant's (NaN while "
+            "undefined).",
+            [JOB_LABEL],
+            registry=registry,
+        )
+
+    def _declare_predictor_quality(self, registry: CollectorRegistry) -> None:
+        """The served predictor of each job: its version, what it trained on and its held-out quality."""
         self.predictor_version = Gauge(
             "trace_predictor_version",
             "Version of the predictor weights this replica serves (0 before the first training round).",
@@ -292,6 +359,9 @@ class Metrics:
             [JOB_LABEL],
             registry=registry,
         )
+
+    def _declare_predictor_runtime(self, registry: CollectorRegistry) -> None:
+        """What keeping and training jobs' predictors costs a replica."""
         self.predictor_resident = Gauge(
             "trace_predictor_resident_jobs",
             "Jobs whose own predictor this replica keeps in memory (at most TRACE_PREDICTOR_MAX_JOBS).",
@@ -314,6 +384,8 @@ class Metrics:
             registry=registry,
         )
 
+    def _declare_store(self, registry: CollectorRegistry) -> None:
+        """The tree store's health as this replica sees it."""
         self.store_errors = Counter(
             "trace_store_errors_total",
             "Tree store operations that failed, by operation.",
@@ -326,8 +398,9 @@ class Metrics:
             registry=registry,
         )
 
-        # Every per-job family and the values of its other labels: what dropping a job's series removes.
-        self._job_series: list[tuple[MetricWrapperBase, tuple[tuple[str, ...], ...]]] = [
+    def _per_job_series(self) -> list[tuple[MetricWrapperBase, tuple[tuple[str, ...], ...]]]:
+        """Every family with a ``training_job`` label, with the values of its other labels."""
+        return [
             (self.allocate_prompts, (("active",), ("skipped",))),
             (self.instructions_issued, ((),)),
             (self.instruction_backlog, ((),)),
@@ -351,50 +424,6 @@ class Metrics:
             (self.predictor_prior_concentration, ((),)),
             (self.predictor_continuation_freshness, ((),)),
         ]
-
-        # Series with a fixed label set exist from the start, so that rate() sees their first increase.
-        for outcome in EXPAND_OUTCOMES:
-            self.expand_events.labels(outcome=outcome)
-
-    def _declare_control(self, registry: CollectorRegistry) -> None:
-        """The figures of a job's control trees: what its policy's trees and its control trees yield
-        (their ratio is the job's gain over uniform), the service's estimate of that gain, the trust
-        Stage 1 puts in the predictor and the predictor's skill on control prompts."""
-
-        def arm_counter(name: str, what: str) -> Counter:
-            return Counter(
-                name,
-                f"{what} of complete trees, by job and arm (policy or control).",
-                [JOB_LABEL, "arm"],
-                registry=registry,
-            )
-
-        self.arm_trees = arm_counter("trace_arm_trees_total", "Count")
-        self.arm_mixed = arm_counter("trace_arm_mixed_total", "Mixed ones")
-        self.arm_bare_rollouts = arm_counter("trace_arm_bare_rollouts_total", "Scored bare rollouts")
-        self.arm_turns = arm_counter("trace_arm_turns_total", "Turns generated")
-        self.arm_families = (self.arm_trees, self.arm_mixed, self.arm_bare_rollouts, self.arm_turns)
-        self.gain_ratio = Gauge(
-            "trace_gain_ratio",
-            "The job's mixed groups per unit (bare_rollout or turn) over its control trees', as its stats "
-            "last estimated them, with the bounds of the 90% interval (store-wide: aggregate with max).",
-            [JOB_LABEL, "unit", "bound"],
-            registry=registry,
-        )
-        self.trust_slope = Gauge(
-            "trace_trust_slope",
-            "The slope of the trust map Stage 1 read the predictor through at the job's last allocation "
-            "(0: uniform's allocation; 1: the predictor as it is).",
-            [JOB_LABEL],
-            registry=registry,
-        )
-        self.control_brier_skill = Gauge(
-            "trace_control_brier_skill",
-            "1 − the predictor's Brier score on the job's control prompts over one constant's (NaN while "
-            "undefined).",
-            [JOB_LABEL],
-            registry=registry,
-        )
 
     def job_label(self, job: str) -> str:
         """The ``training_job`` value for ``job``: itself while tracked (at most ``max_jobs`` at a time),

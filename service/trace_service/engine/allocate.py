@@ -17,7 +17,7 @@ from trace_service.allocation import (
     continuation_budget,
     root_value,
 )
-from trace_service.allocation.control import plan_roots
+from trace_service.allocation.control import RootPlan, plan_roots
 from trace_service.allocation.trust import Trust
 from trace_service.engine.common import Clock, IdempotencyConflictError, fresh_ids
 from trace_service.engine.control import ControlEvidence, trust_map
@@ -140,14 +140,24 @@ class Allocation:
     ) -> tuple[AllocateResponse, list[NewTree]]:
         """Stage 1 from the job's predictions, its trust map and continuation freshness: the answer and
         the trees to create."""
-        prompts = request.prompts
         read = v if trust is None else trust.apply(v)
-        # The control trees, then the policy's Stage 1 rule (allocation.POLICIES) over the rest, given
-        # every input a rule may read.
-        plan = plan_roots(
+        plan = self._stage1(request, history, read, freshness)
+        allocation_id, trees = _new_trees(request, history, plan, v, read)
+        return _response(request, allocation_id, trees, plan.counts, version, v, read, trust), trees
+
+    def _stage1(
+        self,
+        request: AllocateRequest,
+        history: list[PromptOutcomes],
+        read: npt.NDArray[np.float64],
+        freshness: float,
+    ) -> RootPlan:
+        """The control trees, then the policy's Stage 1 rule (allocation.POLICIES) over the rest, given
+        every input a rule may read."""
+        return plan_roots(
             POLICIES[request.policy].roots,
             RootInputs(
-                n_prompts=len(prompts),
+                n_prompts=len(request.prompts),
                 budget=request.budget,
                 min_rollouts=request.min_rollouts,
                 max_rollouts=request.max_rollouts,
@@ -161,65 +171,89 @@ class Allocation:
             request.control_share,
             self._rng,
         )
-        counts = plan.counts
-        expansion = continuation_budget(counts, request.expansion).tolist()
-        rollouts, predicted, control = counts.tolist(), v.tolist(), plan.control.tolist()
-        mixed_chance = bare_mixed_chance(read, counts).tolist()
-        active = [i for i, count in enumerate(rollouts) if count > 0]
-        allocation_id, *tree_ids = fresh_ids(1 + len(active))
-        trees = [
-            NewTree(
-                tree_id=tree_id,
-                allocation_id=allocation_id,
-                job=request.job,
-                step=request.step,
-                prompt_id=prompts[i].prompt_id,
-                prompt_text=prompts[i].text or "",
-                prompt_features=prompts[i].features,
-                rollouts=rollouts[i],
-                expansion_budget=expansion[i],
-                rounds=request.rounds,
-                # A control tree follows uniform's Stage 2, whatever the policy.
-                policy=(Policy.UNIFORM if control[i] else request.policy).value,
-                predicted_success=predicted[i],
-                return_unspent=request.return_unspent,
-                max_branch_depth=request.max_branch_depth,
-                prior_outcomes=(history[i].successes, history[i].trials),
-                control=control[i],
-                mixed_chance=mixed_chance[i],
-            )
-            for i, tree_id in zip(active, tree_ids, strict=True)
-        ]
-        # Validated in one pass from plain data: a thousand model constructors cost ~10 ms.
-        response = AllocateResponse.model_validate(
-            {
-                "allocation_id": allocation_id,
-                "job": request.job,
-                "step": request.step,
-                "policy": request.policy,
-                "predictor_version": version,
-                "trees": [
-                    {
-                        "prompt_id": t.prompt_id,
-                        "tree_id": t.tree_id,
-                        "rollouts": t.rollouts,
-                        "expansion_budget": t.expansion_budget,
-                        "predicted_success": t.predicted_success,
-                        "control": t.control,
-                    }
-                    for t in trees
-                ],
-                "skipped": [
-                    {"prompt_id": p.prompt_id, "predicted_success": predicted[i]}
-                    for i, p in enumerate(prompts)
-                    if rollouts[i] == 0
-                ],
-                "expected_mixed": float(root_value(read, counts).sum()),
-                "budget": request.budget,
-                "trust": None if trust is None else trust_map(trust),
-            }
+
+
+def _new_trees(
+    request: AllocateRequest,
+    history: list[PromptOutcomes],
+    plan: RootPlan,
+    v: npt.NDArray[np.float64],
+    read: npt.NDArray[np.float64],
+) -> tuple[str, list[NewTree]]:
+    """The allocation's id, and a tree for each prompt the plan gives bare rollouts."""
+    prompts, counts = request.prompts, plan.counts
+    expansion = continuation_budget(counts, request.expansion).tolist()
+    rollouts, predicted, control = counts.tolist(), v.tolist(), plan.control.tolist()
+    mixed_chance = bare_mixed_chance(read, counts).tolist()
+    active = [i for i, count in enumerate(rollouts) if count > 0]
+    allocation_id, *tree_ids = fresh_ids(1 + len(active))
+    trees = [
+        NewTree(
+            tree_id=tree_id,
+            allocation_id=allocation_id,
+            job=request.job,
+            step=request.step,
+            prompt_id=prompts[i].prompt_id,
+            prompt_text=prompts[i].text or "",
+            prompt_features=prompts[i].features,
+            rollouts=rollouts[i],
+            expansion_budget=expansion[i],
+            rounds=request.rounds,
+            # A control tree follows uniform's Stage 2, whatever the policy.
+            policy=(Policy.UNIFORM if control[i] else request.policy).value,
+            predicted_success=predicted[i],
+            return_unspent=request.return_unspent,
+            max_branch_depth=request.max_branch_depth,
+            prior_outcomes=(history[i].successes, history[i].trials),
+            control=control[i],
+            mixed_chance=mixed_chance[i],
         )
-        return response, trees
+        for i, tree_id in zip(active, tree_ids, strict=True)
+    ]
+    return allocation_id, trees
+
+
+def _response(
+    request: AllocateRequest,
+    allocation_id: str,
+    trees: list[NewTree],
+    counts: npt.NDArray[np.int64],
+    version: int,
+    v: npt.NDArray[np.float64],
+    read: npt.NDArray[np.float64],
+    trust: Trust | None,
+) -> AllocateResponse:
+    """The answer: the trees, the prompts given no rollouts, and what the plan expects."""
+    rollouts, predicted = counts.tolist(), v.tolist()
+    # Validated in one pass from plain data: a thousand model constructors cost ~10 ms.
+    return AllocateResponse.model_validate(
+        {
+            "allocation_id": allocation_id,
+            "job": request.job,
+            "step": request.step,
+            "policy": request.policy,
+            "predictor_version": version,
+            "trees": [
+                {
+                    "prompt_id": t.prompt_id,
+                    "tree_id": t.tree_id,
+                    "rollouts": t.rollouts,
+                    "expansion_budget": t.expansion_budget,
+                    "predicted_success": t.predicted_success,
+                    "control": t.control,
+                }
+                for t in trees
+            ],
+            "skipped": [
+                {"prompt_id": p.prompt_id, "predicted_success": predicted[i]}
+                for i, p in enumerate(request.prompts)
+                if rollouts[i] == 0
+            ],
+            "expected_mixed": float(root_value(read, counts).sum()),
+            "budget": request.budget,
+            "trust": None if trust is None else trust_map(trust),
+        }
+    )
 
 
 def request_fingerprint(request: AllocateRequest) -> str:

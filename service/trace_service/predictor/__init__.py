@@ -34,9 +34,9 @@ Training steps are bounded by ``replay_ratio`` samples per example added, so cal
 a loop is safe. Modules: ``features`` (stable hashed n-grams, incremental encoding), ``model`` (torch
 network and batching), ``config`` (its settings), ``examples`` (training examples, groups, buffers),
 ``calibration`` (the Beta prior and its fit), ``training`` (online training, versions, checkpoints),
-``checkpoint`` (the checksummed format), ``diagnostics`` (pure numpy measures). Bad input raises
-ValueError with a message that names the problem (CheckpointError, a ValueError, for damaged
-checkpoints).
+``checkpoint`` (the checksummed format), ``checkpoint_content`` (a checkpoint's header and the trainer's
+state), ``diagnostics`` (pure numpy measures). Bad input raises ValueError with a message that names
+the problem (CheckpointError, a ValueError, for damaged checkpoints).
 """
 
 from trace_service.predictor.calibration import Calibration

@@ -18,13 +18,17 @@ lets a few outcomes move the estimate far; a large κ says the predicted mean al
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from trace_service.predictor.checkpoint import CheckpointError
+
+if TYPE_CHECKING:
+    from trace_service.predictor.examples import RootGroup
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -32,6 +36,8 @@ FloatArray = npt.NDArray[np.float64]
 CONCENTRATION_RANGE = (0.05, 1000.0)
 # Prior means are kept this far from 0 and 1, so that a and b stay positive.
 _MEAN_EPSILON = 1e-4
+# Probabilities are kept this far from 0 and 1 when read as log-odds.
+_PROBABILITY_EPSILON = 1e-6
 _GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
 _SEARCH_STEPS = 48
 
@@ -63,6 +69,21 @@ def posterior_mean(
     s = np.asarray(successes, dtype=np.float64)
     n = np.asarray(trials, dtype=np.float64)
     return np.asarray((concentration * mu + s) / (concentration + n), dtype=np.float64)
+
+
+def shift_log_odds(value: FloatArray, before: FloatArray, after: FloatArray) -> FloatArray:
+    """``σ(logit value − logit before + logit after)``: ``value`` moved as far in log-odds as ``before``
+    moved to ``after`` (how a prefix inherits the move its prompt's outcomes gave its root)."""
+    return _sigmoid(_logit(value) - _logit(before) + _logit(after))
+
+
+def _logit(p: FloatArray) -> FloatArray:
+    clipped = np.clip(p, _PROBABILITY_EPSILON, 1.0 - _PROBABILITY_EPSILON)
+    return np.asarray(np.log(clipped) - np.log1p(-clipped), dtype=np.float64)
+
+
+def _sigmoid(x: FloatArray) -> FloatArray:
+    return np.asarray(1.0 / (1.0 + np.exp(-x)), dtype=np.float64)
 
 
 def group_log_likelihood(
@@ -171,3 +192,39 @@ class Calibration:
         if not valid:
             raise CheckpointError(f"checkpoint has an invalid calibration {value!r}")
         return calibration
+
+
+def fit_calibration(
+    groups: Sequence[RootGroup],
+    pooled: Sequence[RootGroup],
+    network_mean: FloatArray,
+    prior_successes: float,
+    prior_failures: float,
+) -> Calibration:
+    """Fit κ for each prior source by marginal likelihood to ``groups`` and keep the better source: the
+    network's μ(x) of each group's prompt (``network_mean``), or one constant for every prompt, the bare
+    success rate of the ``pooled`` groups under the configured Beta(α, β) prior."""
+    successes = np.array([group.successes for group in groups], dtype=np.float64)
+    trials = np.array([group.trials for group in groups], dtype=np.float64)
+    earlier = np.array([group.outcomes.successes for group in groups], dtype=np.float64)
+    earlier_trials = np.array([group.outcomes.trials for group in groups], dtype=np.float64)
+    history_mean = (sum(g.successes for g in pooled) + prior_successes) / (
+        sum(g.trials for g in pooled) + prior_successes + prior_failures
+    )
+    means: dict[PriorSource, FloatArray] = {
+        "network": network_mean,
+        "history": np.full(len(groups), history_mean),
+    }
+    fitted: dict[PriorSource, tuple[float, float]] = {}
+    for source, mean in means.items():
+        kappa = fit_concentration(mean, successes, trials, earlier, earlier_trials)
+        scores = group_log_likelihood(mean, kappa, successes, trials, earlier, earlier_trials)
+        fitted[source] = (kappa, float(scores.mean()))
+    best: PriorSource = "network" if fitted["network"][1] >= fitted["history"][1] else "history"
+    return Calibration(
+        concentration=fitted[best][0],
+        prior=best,
+        history_mean=history_mean,
+        log_likelihood={source: value for source, (_, value) in fitted.items()},
+        groups=len(groups),
+    )

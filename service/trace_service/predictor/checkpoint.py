@@ -18,7 +18,10 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import struct
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -63,3 +66,16 @@ def decode_checkpoint(data: bytes) -> tuple[dict[str, Any], dict[str, Tensor]]:
     if not isinstance(header, dict) or not isinstance(state, dict):
         raise CheckpointError("checkpoint header or state has the wrong structure")
     return header, state
+
+
+def write_checkpoint(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write a checkpoint to ``path`` atomically (a reader never sees half a file)."""
+    target = Path(path)
+    with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.", delete=False) as file:
+        file.write(data)
+        temporary = Path(file.name)
+    try:
+        os.replace(temporary, target)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise

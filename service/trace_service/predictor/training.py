@@ -39,14 +39,12 @@ never waits for training.
 from __future__ import annotations
 
 import copy
-import math
 import os
-import tempfile
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, TypeVar
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -59,14 +57,19 @@ from trace_service.predictor.archive import (
     pack_training_data,
     unpack_training_data,
 )
-from trace_service.predictor.calibration import (
-    Calibration,
-    PriorSource,
-    fit_concentration,
-    group_log_likelihood,
-    posterior_mean,
+from trace_service.predictor.calibration import Calibration, fit_calibration, posterior_mean, shift_log_odds
+from trace_service.predictor.checkpoint import (
+    CheckpointError,
+    decode_checkpoint,
+    encode_checkpoint,
+    write_checkpoint,
 )
-from trace_service.predictor.checkpoint import CheckpointError, decode_checkpoint, encode_checkpoint
+from trace_service.predictor.checkpoint_content import (
+    TRAINER_PREFIX,
+    PredictorHeader,
+    pack_trainer_state,
+    restore_trainer_state,
+)
 from trace_service.predictor.config import PredictorConfig
 from trace_service.predictor.diagnostics import (
     PredictorDiagnostics,
@@ -77,11 +80,7 @@ from trace_service.predictor.diagnostics import (
     spearman_by_group,
 )
 from trace_service.predictor.examples import FifoBuffer, RootGroup, RunningMoments, TrainingExample
-from trace_service.predictor.features import (
-    TOKEN_HASHING,
-    EncodedHistory,
-    HistoryFeaturizer,
-)
+from trace_service.predictor.features import EncodedHistory, HistoryFeaturizer
 from trace_service.predictor.model import (
     ModelInputs,
     Query,
@@ -92,26 +91,12 @@ from trace_service.predictor.model import (
     resolve_device,
 )
 
-_Item = TypeVar("_Item")
-
 #: Bare-rollout groups kept for fitting the calibration (training and held-out, each).
 _GROUP_CAPACITY = 4_096
 #: Held-out groups needed before the calibration is fitted on them alone (else on all groups), and
 #: groups needed before it is fitted at all (until then κ = α + β, the configured prior's).
 _HELD_OUT_GROUPS = 64
 _MIN_GROUPS = 16
-_PROBABILITY_EPSILON = 1e-6
-#: The prefix of the trainer's own tensors in a checkpoint that holds them (``to_bytes``).
-_TRAINER = "trainer."
-
-
-def _logit(p: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    clipped = np.clip(p, _PROBABILITY_EPSILON, 1.0 - _PROBABILITY_EPSILON)
-    return np.asarray(np.log(clipped) - np.log1p(-clipped), dtype=np.float64)
-
-
-def _sigmoid(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    return np.asarray(1.0 / (1.0 + np.exp(-x)), dtype=np.float64)
 
 
 class Predictive(NamedTuple):
@@ -138,17 +123,6 @@ class _Published:
     version: int
     model: SuccessModel | None  # None: not trained yet, the prior mean is the configured μ₀
     calibration: Calibration
-
-
-def _freshness_from_json(value: Any) -> FreshnessEstimate:
-    """A checkpoint's continuation counts: flips and fresh flips."""
-    if not (
-        isinstance(value, list)
-        and len(value) == 2
-        and all(isinstance(x, int | float) and math.isfinite(x) and x >= 0 for x in value)
-    ):
-        raise CheckpointError(f"checkpoint has malformed continuation counts {value!r}")
-    return FreshnessEstimate(float(value[0]), float(value[1]))
 
 
 class SuccessPredictor:
@@ -264,7 +238,7 @@ class SuccessPredictor:
             else np.full(len(queries), calibration.history_mean)
         )
         root = posterior_mean(root_mean, calibration.concentration, successes, trials)
-        shifted = _sigmoid(_logit(prior) - _logit(network_root) + _logit(root))
+        shifted = shift_log_odds(prior, network_root, root)
         return Predictive(np.where(depth == 0, root, shifted), calibration.concentration + trials)
 
     def _prior_means(
@@ -405,55 +379,28 @@ class SuccessPredictor:
             model = published.model or self._average_model
             state = dict(model.state_dict())
             with self._data_lock:
-                header: dict[str, Any] = {
-                    "predictor_version": published.version,
-                    "examples_seen": self._examples_seen,
-                    "architecture": self.config.architecture(),
-                    "token_hashing": TOKEN_HASHING,
-                    "moments": self._moments.to_json(),
-                    "freshness": [self._freshness.flips, self._freshness.fresh_flips],
-                    "calibration": published.calibration.to_json(),
-                }
+                header = PredictorHeader(
+                    published.version,
+                    self._examples_seen,
+                    self._moments,
+                    self._freshness,
+                    published.calibration,
+                ).to_json(self.config.architecture())
                 if with_training_data:
                     header["training_data"], tensors = pack_training_data(self._training_data())
                     state.update(tensors)
-                    header["trainer"], tensors = self._trainer_state()
+                    header["trainer"], tensors = pack_trainer_state(
+                        self._trainer_model, self._optimizer, self._dropout_generator, self._rng
+                    )
                     state.update(tensors)
             return encode_checkpoint(header, state)
 
-    def _trainer_state(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        """What training goes on from, beside the published weights: the trained (not averaged)
-        weights, the optimiser's moments and both random streams (under the training lock)."""
-        optimizer = self._optimizer.state_dict()
-        tensors = {
-            f"{_TRAINER}model.{name}": value for name, value in self._trainer_model.state_dict().items()
-        }
-        for index, moments in optimizer["state"].items():
-            tensors |= {f"{_TRAINER}optimizer.{index}.{name}": value for name, value in moments.items()}
-        tensors[f"{_TRAINER}dropout"] = self._dropout_generator.get_state()
-        header = {"param_groups": optimizer["param_groups"], "rng": self._rng.bit_generator.state}
-        return header, tensors
-
     def _restore_trainer_state(self, header: Any, state: dict[str, torch.Tensor]) -> None:
-        try:
-            model = {
-                name.removeprefix(f"{_TRAINER}model."): value
-                for name, value in state.items()
-                if name.startswith(f"{_TRAINER}model.")
-            }
-            moments: dict[int, dict[str, torch.Tensor]] = {}
-            for name, value in state.items():
-                if name.startswith(f"{_TRAINER}optimizer."):
-                    index, moment = name.removeprefix(f"{_TRAINER}optimizer.").split(".", 1)
-                    moments.setdefault(int(index), {})[moment] = value
-            with self._train_lock:
-                self._trainer_model.load_state_dict(model)
-                self._optimizer = self._new_optimizer()
-                self._optimizer.load_state_dict({"state": moments, "param_groups": header["param_groups"]})
-                self._dropout_generator.set_state(state[f"{_TRAINER}dropout"])
-                self._rng.bit_generator.state = header["rng"]
-        except (KeyError, TypeError, ValueError, RuntimeError) as error:
-            raise CheckpointError(f"checkpoint has a malformed trainer state: {error!r}") from None
+        with self._train_lock:
+            self._optimizer = self._new_optimizer()
+            restore_trainer_state(
+                header, state, self._trainer_model, self._optimizer, self._dropout_generator, self._rng
+            )
 
     def _training_data(self) -> TrainingData:
         (replay, replay_next), (holdout, holdout_next) = self._replay.layout, self._holdout.layout
@@ -483,16 +430,7 @@ class SuccessPredictor:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write :meth:`to_bytes` to ``path`` atomically (a reader never sees half a file)."""
-        target = Path(path)
-        data = self.to_bytes()
-        with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.", delete=False) as file:
-            file.write(data)
-            temporary = Path(file.name)
-        try:
-            os.replace(temporary, target)
-        except BaseException:
-            temporary.unlink(missing_ok=True)
-            raise
+        write_checkpoint(path, self.to_bytes())
 
     @classmethod
     def from_bytes(cls, data: bytes, config: PredictorConfig | None = None) -> SuccessPredictor:
@@ -537,45 +475,32 @@ class SuccessPredictor:
     def _install(
         self, header: dict[str, Any], state: dict[str, torch.Tensor], *, only_if_newer: bool
     ) -> bool:
-        if header.get("token_hashing") != TOKEN_HASHING:
-            raise CheckpointError(
-                f"checkpoint token hashing {header.get('token_hashing')!r} is not this featurizer's "
-                f"{TOKEN_HASHING!r}: its embeddings would read other words"
-            )
-        if header.get("architecture") != self.config.architecture():
-            raise CheckpointError(
-                f"checkpoint architecture {header.get('architecture')} does not match this predictor's "
-                f"{self.config.architecture()}"
-            )
-        version, seen = header.get("predictor_version"), header.get("examples_seen")
-        if not (isinstance(version, int) and version >= 0 and isinstance(seen, int) and seen >= 0):
-            raise CheckpointError(f"checkpoint has a malformed version {version!r} or count {seen!r}")
-        moments = RunningMoments.from_json(header.get("moments"), self._dense_width)
-        freshness = _freshness_from_json(header.get("freshness"))
-        calibration = Calibration.from_json(header.get("calibration"))
+        checked = PredictorHeader.from_json(header, self.config.architecture(), self._dense_width)
         model = self._new_model()
         try:
             model.load_state_dict(
                 {
                     name: value
                     for name, value in state.items()
-                    if not name.startswith((TENSOR_PREFIX, _TRAINER))
+                    if not name.startswith((TENSOR_PREFIX, TRAINER_PREFIX))
                 }
             )
         except (RuntimeError, KeyError, TypeError) as error:
             raise CheckpointError(f"checkpoint weights do not fit the model: {error}") from None
         with self._train_lock:
-            if only_if_newer and version <= self._published.version:
+            if only_if_newer and checked.version <= self._published.version:
                 return False
             self._trainer_model = model
             self._average_model = self._frozen_copy(model)
             self._optimizer = self._new_optimizer()
             with self._data_lock:
-                self._moments = moments
-                self._examples_seen = seen
-                self._freshness = freshness
+                self._moments = checked.moments
+                self._examples_seen = checked.examples_seen
+                self._freshness = checked.freshness
             self._published = _Published(
-                version, self._frozen_copy(model) if version > 0 else None, calibration
+                checked.version,
+                self._frozen_copy(model) if checked.version > 0 else None,
+                checked.calibration,
             )
             return True
 
@@ -639,36 +564,17 @@ class SuccessPredictor:
         )
 
     def _fit_calibration(self, model: SuccessModel) -> Calibration:
-        """Fit κ for each prior source by marginal likelihood and keep the better source (prequential:
-        on held-out groups once there are enough, which the network never trained on)."""
+        """:func:`fit_calibration` for ``model``, prequential: on held-out groups once there are enough,
+        which the network never trained on."""
         with self._data_lock:
             held_out, trained = self._holdout_groups.snapshot(), self._groups.snapshot()
         groups = held_out if len(held_out) >= _HELD_OUT_GROUPS else trained + held_out
         if len(groups) < _MIN_GROUPS:
             return self._cold_calibration()
-        successes = np.array([group.successes for group in groups], dtype=np.float64)
-        trials = np.array([group.trials for group in groups], dtype=np.float64)
-        earlier = np.array([group.outcomes.successes for group in groups], dtype=np.float64)
-        earlier_trials = np.array([group.outcomes.trials for group in groups], dtype=np.float64)
-        # The history-only prior: every prompt at the bare success rate of the training groups.
-        pooled = trained or groups
-        history_mean = (sum(g.successes for g in pooled) + self.config.prior_successes) / (
-            sum(g.trials for g in pooled) + self.config.prior_successes + self.config.prior_failures
-        )
-        means: dict[PriorSource, npt.NDArray[np.float64]] = {
-            "network": self._prior_means(model, [group.root for group in groups]),
-            "history": np.full(len(groups), history_mean),
-        }
-        fitted: dict[PriorSource, tuple[float, float]] = {}
-        for source, mean in means.items():
-            kappa = fit_concentration(mean, successes, trials, earlier, earlier_trials)
-            scores = group_log_likelihood(mean, kappa, successes, trials, earlier, earlier_trials)
-            fitted[source] = (kappa, float(scores.mean()))
-        best: PriorSource = "network" if fitted["network"][1] >= fitted["history"][1] else "history"
-        return Calibration(
-            concentration=fitted[best][0],
-            prior=best,
-            history_mean=history_mean,
-            log_likelihood={source: value for source, (_, value) in fitted.items()},
-            groups=len(groups),
+        return fit_calibration(
+            groups,
+            trained or groups,  # the history-only prior: the bare success rate of the training groups
+            self._prior_means(model, [group.root for group in groups]),
+            self.config.prior_successes,
+            self.config.prior_failures,
         )
