@@ -59,11 +59,12 @@ class Settings(BaseSettings):
     stats_steps: int = Field(
         default=100, ge=1, description="Most recent steps reported by job stats (and its gain estimate)."
     )
-    control_window: int = Field(
+    evidence_window: int = Field(
         default=1024,
         ge=1,
-        description="A job's most recent control groups that its trust map and its calibration on "
-        "control prompts are fitted to (older ones are forgotten: the policy moves on).",
+        description="A job's most recent groups kept of each arm (control trees, policy trees): its trust "
+        "map is fitted to both, its calibration on control prompts to the first (older ones are "
+        "forgotten: the policy moves on).",
     )
 
     # Predictor

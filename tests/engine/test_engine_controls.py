@@ -72,11 +72,12 @@ async def test_control_trees_are_drawn_marked_and_measured(store_url: str) -> No
         assert gain.per_bare_rollout.low == pytest.approx(expected[1])
         assert stats.calibration is not None and stats.calibration.groups == 20
 
+        # The trust map reads every group, the calibration the control groups alone.
         second = await engine.allocation.allocate(request(1, 0.5), None)
-        assert second.trust is not None and second.trust.groups == 20
+        assert second.trust is not None and second.trust.groups == 40
         info = await engine.evidence.describe(await (await engine.predictors.get("default")).info())
         assert info.control is not None and info.control.rollouts == 40
-        assert info.trust is not None and info.trust.groups == 20
+        assert info.trust is not None and info.trust.groups == 40
 
 
 async def test_a_share_of_zero_draws_no_control_and_reads_the_predictor_as_it_is(store_url: str) -> None:

@@ -12,7 +12,7 @@ from store_support import JOB, LEASE, THRESHOLD, apply, codes, meta_of, new_tree
 
 from trace_service.allocation import Reserve
 from trace_service.lifecycle import EventStatus
-from trace_service.store import AppliedBatch, PromptOutcomes, TreeStore
+from trace_service.store import AppliedBatch, GroupOutcome, PromptOutcomes, TreeStore
 
 # --- the claim queue ------------------------------------------------------------------------------
 
@@ -76,22 +76,24 @@ async def test_a_finished_tree_is_counted_once(store: TreeStore) -> None:
     assert totals[3]["trees_complete"] == 1 and totals[3]["mixed"] == 1 and totals[3]["rollouts_spent"] == 2
 
 
-async def test_control_groups_are_kept_newest_first_and_capped(store: TreeStore) -> None:
-    """A control tree's group (its prediction at allocation, its bare outcomes) joins the job's list
-    once; a policy tree's does not; the list keeps the newest ``controls_kept``."""
+async def test_each_arms_groups_are_kept_newest_first_and_capped(store: TreeStore) -> None:
+    """A finished tree's group (its prediction at allocation, its bare outcomes) joins its arm's list
+    once, a control tree's the controls', a policy tree's the policy's; each list keeps the newest
+    ``groups_kept``."""
     for n in range(4):
         await store.create_trees([new_tree(f"c{n}", control=True, predicted=0.1 * (n + 1))], now=1.0)
         batch = await settle_bare(store, f"c{n}")
         assert batch.meta is not None and batch.meta.control
         assert await store.record_prompt_outcome(batch.meta, 3)
         assert not await store.record_prompt_outcome(batch.meta, 3)
-    await store.create_trees([new_tree("t1")], now=1.0)
+    await store.create_trees([new_tree("t1", predicted=0.7)], now=1.0)
     batch = await settle_bare(store, "t1")
     assert batch.meta is not None
     await store.record_prompt_outcome(batch.meta, 3)
-    kept = await store.control_outcomes(JOB)
+    kept = await store.group_outcomes(JOB, control=True)
     assert [o.predicted for o in kept] == pytest.approx([0.4, 0.3, 0.2])
     assert {(o.successes, o.trials) for o in kept} == {(1, 2)}
+    assert await store.group_outcomes(JOB, control=False) == [GroupOutcome(0.7, 1, 2)]
     totals = (await store.step_totals(JOB))[3]
     assert totals["control_trees"] == 4 and totals["policy_trees"] == 1 and totals["turns"] == 5 * 3
 
@@ -124,7 +126,8 @@ async def test_every_key_the_store_writes_expires(store: TreeStore) -> None:
     control_keys = store.keys.tree("c1")
     expected = {
         *tree_keys.all,
-        control_keys.meta, control_keys.nodes, control_keys.events, store.keys.control_outcomes(JOB),
+        control_keys.meta, control_keys.nodes, control_keys.events, store.keys.group_outcomes(JOB, True),
+        store.keys.group_outcomes(JOB, False),
         store.keys.jobs, store.keys.steps(JOB), store.keys.steps_info(JOB), store.keys.step_trees(JOB, 3),
         store.keys.open_trees(JOB), store.keys.idempotency(JOB, "idem"), store.keys.instruction_queue(JOB),
         store.keys.prompt_outcomes(JOB), store.keys.counted_trees(JOB), store.keys.step_totals(JOB),

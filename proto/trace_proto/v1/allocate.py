@@ -235,19 +235,20 @@ class SkippedPrompt(ResponseModel):
 
 class TrustMap(ResponseModel):
     """How Stage 1 read the predictor: `v' = σ(intercept + slope·(logit Ṽ − center))`, fitted to the
-    job's control trees (slope 0: every prompt alike, uniform's allocation; 1 with intercept ≈ center:
-    the predictor as it is).  `slope` is the lower 90% bound of the fitted slope, never below 0."""
+    bare groups of the job's recent trees, control and policy (slope 0: every prompt alike, uniform's
+    allocation; 1 with intercept ≈ center: the predictor as it is).  `slope` is the lower 90% bound of
+    the fitted slope, never below 0."""
 
     intercept: Real
     slope: Annotated[Real, Field(ge=0.0)]
     fitted_slope: Annotated[Real, Field(ge=0.0)] = Field(
-        description="The slope that fits the control groups best; `slope` is its lower 90% bound."
+        description="The slope that fits the groups best; `slope` is its lower 90% bound."
     )
     slope_error: Annotated[Real, Field(ge=0.0)] = Field(description="The fitted slope's standard error.")
     center: Real
-    groups: Count = Field(description="Control groups the map was fitted to.")
+    groups: Count = Field(description="Groups (control and policy trees) the map was fitted to.")
     dispersion: Annotated[Real, Field(ge=1.0)] = Field(
-        description="How much more a control group's rollouts agree than independent draws would."
+        description="How much more a group's rollouts agree than independent draws would."
     )
 
 
@@ -268,7 +269,7 @@ class AllocateResponse(ResponseModel):
     budget: Count = Field(description="`M` as requested.")
     trust: TrustMap | None = Field(
         default=None,
-        description="The calibration map Stage 1 applied to Ṽ, fitted to the job's control trees; null when "
+        description="The calibration map Stage 1 applied to Ṽ, fitted to the job's recent groups; null when "
         "the policy reads the predictor as it is (`trace_paper`, the baselines) or the control share is 0.",
     )
 

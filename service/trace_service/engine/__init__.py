@@ -81,7 +81,7 @@ def build_engine(
     *,
     clock: Clock = time.time,
 ) -> Engine:
-    completion = Completion(store, metrics, settings.control_window)
+    completion = Completion(store, metrics, settings.evidence_window)
     stage2 = Stage2(store, predictors, settings, metrics, completion, clock)
     evidence = ControlEvidence(store)
     return Engine(

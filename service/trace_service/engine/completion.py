@@ -9,10 +9,10 @@ from trace_service.store import TreeMeta, TreeStore
 
 
 class Completion:
-    def __init__(self, store: TreeStore, metrics: Metrics, control_window: int) -> None:
+    def __init__(self, store: TreeStore, metrics: Metrics, evidence_window: int) -> None:
         self.store = store
         self.metrics = metrics
-        self.control_window = control_window
+        self.evidence_window = evidence_window
 
     async def completed(self, tree_id: str, meta: TreeMeta | None = None) -> None:
         """Bookkeeping once a tree is finished: the prompt's outcome history (counted once per tree), a
@@ -23,7 +23,7 @@ class Completion:
         meta = meta or (await self.store.load_metas([tree_id]))[0]
         if meta is None:
             return
-        counted = await self.store.record_prompt_outcome(meta, self.control_window)
+        counted = await self.store.record_prompt_outcome(meta, self.evidence_window)
         await self.store.push_completed(meta.job, tree_id)
         if counted:
             job = self.metrics.job_label(meta.job)

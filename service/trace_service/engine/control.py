@@ -1,5 +1,6 @@
-"""What a job's control trees say: the trust map Stage 1 reads the predictor through, and the
-predictor's calibration on control prompts (``trace_service.allocation.trust``)."""
+"""What a job's finished groups say: the trust map Stage 1 reads the predictor through, fitted to its
+control and policy groups, and the predictor's calibration on control prompts alone
+(``trace_service.allocation.trust``)."""
 
 from __future__ import annotations
 
@@ -8,34 +9,45 @@ import numpy as np
 from trace_proto import ControlCalibration, PredictorInfo, TrustMap
 from trace_service.allocation.trust import Trust, control_calibration, fit_trust
 from trace_service.offload import off_loop
-from trace_service.store import ControlOutcome, TreeStore
+from trace_service.store import GroupOutcome, TreeStore
 
 
 class ControlEvidence:
-    """Reads a job's recent control groups from the store and fits what they say."""
+    """Reads a job's recent groups from the store and fits what they say.
+
+    The trust map is fitted to the control groups and the policy's together: the policy chose its
+    prompts by their predictions alone, never by the outcomes to come, so its groups say as truly how
+    outcomes follow predictions (on the prompts it chose), and there are many more of them.  The
+    calibration reported is the control groups' alone: a random sample of the whole pool."""
 
     def __init__(self, store: TreeStore) -> None:
         self.store = store
 
     async def trust(self, job: str) -> Trust:
-        """The trust map fitted to the job's control groups (every prediction alike before any)."""
-        outcomes = await self.store.control_outcomes(job)
-        return await off_loop(len(outcomes), _fitted, outcomes)
+        """The trust map fitted to the job's groups (every prediction alike before any)."""
+        controls, policy = await self._groups(job)
+        return await off_loop(len(controls) + len(policy), _fitted, controls + policy)
 
     async def calibration(self, job: str) -> ControlCalibration | None:
         """The predictor's Brier score on the job's control groups against one constant's; None before
         any control tree."""
-        return _calibration(await self.store.control_outcomes(job))
+        return _calibration(await self.store.group_outcomes(job, control=True))
 
     async def describe(self, info: PredictorInfo) -> PredictorInfo:
         """``info`` (GET /v1/predictor) with the predictor on its job's control prompts and the trust
         map Stage 1 applies now."""
-        outcomes = await self.store.control_outcomes(info.job)
-        trust = await off_loop(len(outcomes), _fitted, outcomes)
-        return info.model_copy(update={"control": _calibration(outcomes), "trust": trust_map(trust)})
+        controls, policy = await self._groups(info.job)
+        trust = await off_loop(len(controls) + len(policy), _fitted, controls + policy)
+        return info.model_copy(update={"control": _calibration(controls), "trust": trust_map(trust)})
+
+    async def _groups(self, job: str) -> tuple[list[GroupOutcome], list[GroupOutcome]]:
+        return (
+            await self.store.group_outcomes(job, control=True),
+            await self.store.group_outcomes(job, control=False),
+        )
 
 
-def _calibration(outcomes: list[ControlOutcome]) -> ControlCalibration | None:
+def _calibration(outcomes: list[GroupOutcome]) -> ControlCalibration | None:
     if not outcomes:
         return None
     measured = control_calibration(*_columns(outcomes))
@@ -61,7 +73,7 @@ def trust_map(trust: Trust) -> TrustMap:
     )
 
 
-def _columns(outcomes: list[ControlOutcome]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _columns(outcomes: list[GroupOutcome]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return (
         np.array([o.predicted for o in outcomes], dtype=np.float64),
         np.array([o.successes for o in outcomes], dtype=np.float64),
@@ -69,5 +81,5 @@ def _columns(outcomes: list[ControlOutcome]) -> tuple[np.ndarray, np.ndarray, np
     )
 
 
-def _fitted(outcomes: list[ControlOutcome]) -> Trust:
+def _fitted(outcomes: list[GroupOutcome]) -> Trust:
     return fit_trust(*_columns(outcomes))

@@ -69,10 +69,11 @@ class KeySpace:
         them after the trees themselves expire."""
         return f"{self._job(job)}:steptotals"
 
-    def control_outcomes(self, job: str) -> str:
-        """The job's most recent control groups (``ControlOutcome``, newest first, a capped list): what
-        the predictor's trust on the job is fitted to."""
-        return f"{self._job(job)}:controls"
+    def group_outcomes(self, job: str, control: bool) -> str:
+        """The job's most recent groups of one arm, its control trees' or its policy's (``GroupOutcome``,
+        newest first, a capped list): what the predictor's trust on the job is fitted to; the control
+        groups alone measure its calibration."""
+        return f"{self._job(job)}:{'controls' if control else 'groups'}"
 
     def steps(self, job: str) -> str:
         return f"{self._job(job)}:steps"

@@ -404,8 +404,8 @@ class PromptOutcomes:
 
 
 @dataclass(frozen=True)
-class ControlOutcome:
-    """A control tree's group: the prediction its prompt had at allocation and its bare outcomes."""
+class GroupOutcome:
+    """A tree's bare group: the prediction its prompt had at allocation and its bare outcomes."""
 
     predicted: float
     successes: int
@@ -415,7 +415,7 @@ class ControlOutcome:
         return f"{self.predicted!r},{self.successes},{self.trials}"
 
     @classmethod
-    def parse(cls, raw: str) -> ControlOutcome:
+    def parse(cls, raw: str) -> GroupOutcome:
         predicted, successes, trials = raw.split(",")
         return cls(float(predicted), int(successes), int(trials))
 

@@ -30,7 +30,7 @@ from trace_service.store.records import (
     AllocationCounts,
     AppliedBatch,
     CommittedDecision,
-    ControlOutcome,
+    GroupOutcome,
     NewTree,
     PromptOutcomes,
     StoredTree,
@@ -223,16 +223,16 @@ class TreeStore(PredictorOperations):
         raw = await self.redis.hmget(self.keys.prompt_outcomes(job), list(prompt_ids))
         return [PromptOutcomes.parse(text(value)) if value else PromptOutcomes() for value in raw]
 
-    async def record_prompt_outcome(self, meta: TreeMeta, controls_kept: int) -> bool:
+    async def record_prompt_outcome(self, meta: TreeMeta, groups_kept: int) -> bool:
         """Count a finished tree once (a repeat is a no-op): its bare-rollout group joins its prompt's
-        history, its figures its step's totals (the gain's sums under its arm), and a control tree's
-        group the job's last ``controls_kept`` control outcomes.  Returns whether it was counted now."""
+        history, its figures its step's totals (the gain's sums under its arm), and its group with its
+        prediction the job's last ``groups_kept`` of its arm.  Returns whether it was counted now."""
         job = meta.job
         keys = [
             self.keys.prompt_outcomes(job),
             self.keys.counted_trees(job),
             self.keys.step_totals(job),
-            self.keys.control_outcomes(job),
+            self.keys.group_outcomes(job, meta.control),
         ]
         arm = ArmSums.of_tree(mixed=meta.mixed, bare=meta.bare_leaves, turns=meta.turns)
         figures = {
@@ -245,20 +245,16 @@ class TreeStore(PredictorOperations):
             "turns": meta.turns,
             **arm.figures(CONTROL if meta.control else POLICY),
         }
-        control = (
-            str(ControlOutcome(meta.predicted_success, meta.bare_successes, meta.bare_leaves))
-            if meta.control
-            else ""
-        )
+        group = GroupOutcome(meta.predicted_success, meta.bare_successes, meta.bare_leaves)
         args = [meta.prompt_id, meta.bare_successes, meta.bare_leaves, self.job_ttl, meta.tree_id, meta.step]
         figure_args = [x for figure in figures.items() for x in figure]
-        call = ScriptCall("record_outcome", keys, [*args, control, controls_kept, *figure_args])
+        call = ScriptCall("record_outcome", keys, [*args, str(group), groups_kept, *figure_args])
         return bool(await self.scripts.run(call))
 
-    async def control_outcomes(self, job: str) -> list[ControlOutcome]:
-        """The job's most recent control groups, newest first."""
-        raw = await self.redis.lrange(self.keys.control_outcomes(job), 0, -1)
-        return [ControlOutcome.parse(text(value)) for value in raw]
+    async def group_outcomes(self, job: str, *, control: bool) -> list[GroupOutcome]:
+        """The job's most recent groups of its control trees (``control``) or its policy's, newest first."""
+        raw = await self.redis.lrange(self.keys.group_outcomes(job, control), 0, -1)
+        return [GroupOutcome.parse(text(value)) for value in raw]
 
     async def step_allocations(self, job: str) -> dict[int, list[AllocationCounts]]:
         """The counts of each allocation made, by step."""

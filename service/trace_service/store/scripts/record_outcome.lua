@@ -1,23 +1,21 @@
 -- Count one finished tree, once: its bare-rollout group joins its prompt's outcome history, its figures
--- its step's totals, and a control tree's group the job's list of recent control outcomes.
+-- its step's totals, and its group record the job's list of recent groups of its arm.
 -- KEYS: the job's prompt-outcome hash, the job's set of trees already counted, the job's step totals,
--- the job's control-outcome list.
--- ARGV: prompt_id, successes, trials, ttl, tree_id, step, the control record ("" for a tree that is not
--- a control), the most control records kept, then figure name and value pairs.
+-- the job's list of recent groups of the tree's arm (control or policy).
+-- ARGV: prompt_id, successes, trials, ttl, tree_id, step, the group record, the most group records
+-- kept, then figure name and value pairs.
 -- Returns 1 if counted now, 0 if counted before.
 -- The value is "successes,trials,streak"; streak counts the latest groups in a row with one outcome only.
-local key, counted_key, totals_key, controls_key, prompt_id = KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1]
+local key, counted_key, totals_key, groups_key, prompt_id = KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1]
 local successes, trials, ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local control, kept = ARGV[7], tonumber(ARGV[8])
+local group, kept = ARGV[7], tonumber(ARGV[8])
 if redis.call('SADD', counted_key, ARGV[5]) == 0 then return 0 end
 redis.call('EXPIRE', counted_key, ttl)
 for i = 9, #ARGV, 2 do redis.call('HINCRBY', totals_key, ARGV[6] .. ':' .. ARGV[i], ARGV[i + 1]) end
 redis.call('EXPIRE', totals_key, ttl)
-if control ~= '' then
-  redis.call('LPUSH', controls_key, control)
-  redis.call('LTRIM', controls_key, 0, kept - 1)
-  redis.call('EXPIRE', controls_key, ttl)
-end
+redis.call('LPUSH', groups_key, group)
+redis.call('LTRIM', groups_key, 0, kept - 1)
+redis.call('EXPIRE', groups_key, ttl)
 local s, n, streak = 0, 0, 0
 local before = redis.call('HGET', key, prompt_id)
 if before then
