@@ -1,15 +1,17 @@
-"""How far Stage 1 trusts the predictor on one job: a calibration map fitted to the job's control
-trees (pure numpy).
+"""How far Stage 1 trusts the predictor on one job: a calibration map fitted to the job's recent bare
+groups (pure numpy).
 
 Control prompts are drawn at random from the pool (``allocation.control``), so their outcomes against
 the prediction made for them at allocation are an unbiased sample of how the predictor does on this
-job, the prompts the policy would skip included.  With ``z = logit v`` the predictor's value at a
-control prompt and ``x = z − c`` (``c`` the groups' mean z, weighted by trials), the map is a
+job, the prompts the policy would skip included.  The policy's groups join them: it chose its prompts by
+their predictions alone, so outcomes given predictions are the same among them (a regression on v stays
+unbiased under selection on v).  With ``z = logit v`` the predictor's value at a
+group's prompt and ``x = z − c`` (``c`` the groups' mean z, weighted by trials), the map is a
 logistic recalibration
 
     v' = σ(a + b·x),
 
-fitted to the control groups' bare outcomes (``s`` successes of ``n``) by maximising
+fitted to the groups' bare outcomes (``s`` successes of ``n``) by maximising
 
     (1/φ) Σ_g [s_g log μ_g + (n_g − s_g) log(1 − μ_g)] − b² / (2τ²) − a² / (2·A²),   μ_g = σ(a + b·x_g),
 
@@ -59,7 +61,7 @@ def _logit(v: FloatArray) -> FloatArray:
 
 @dataclass(frozen=True, slots=True)
 class Trust:
-    """The map ``v' = σ(intercept + slope·(logit v − center))`` Stage 1 applies, from ``groups`` control
+    """The map ``v' = σ(intercept + slope·(logit v − center))`` Stage 1 applies, from ``groups`` bare
     groups of overdispersion ``dispersion``: ``slope`` is the lower bound of the fitted
     ``fitted_slope ± z·slope_error`` (the module's rule).  ``Trust()`` (no evidence) maps every
     prediction to one value."""
@@ -103,7 +105,7 @@ def fit_trust(
     *,
     slope_scale: float = SLOPE_PRIOR_SCALE,
 ) -> Trust:
-    """The map of the module fitted to control groups: the prediction each had at allocation, its bare
+    """The map of the module fitted to bare groups: the prediction each had at allocation, its bare
     successes and trials.  Newton's method on (a, b) (the objective is concave), restricted to b ≥ 0,
     with φ re-estimated from the fit a few times."""
     v = probabilities(predicted, "predicted")
