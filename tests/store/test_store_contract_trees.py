@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+import pytest
 from store_support import JOB, LEASE, THRESHOLD, apply, codes, meta_of, new_tree, settle_bare, turn
 
 from trace_service.lifecycle import TRANSITIONS, EventStatus, TreeStatus
@@ -236,27 +237,24 @@ async def test_a_decision_is_recorded_under_its_claim_and_its_continuations_comp
     assert rest.meta is not None and (rest.meta.cont_leaves, rest.meta.leaves) == (2, 4)
 
 
-async def test_a_further_round_is_due_once_the_promised_continuations_are_scored(store: TreeStore) -> None:
-    await store.create_trees([new_tree("t1", budget=2, rounds=2)], now=1.0)
+@pytest.mark.parametrize(
+    ("rounds", "status", "next_round"),
+    [(2, TreeStatus.EXPANDING, 2), (1, TreeStatus.COMPLETE, 0)],
+    ids=["a further round is due", "none after the last, even with budget left"],
+)
+async def test_a_round_follows_once_the_promised_continuations_are_scored(
+    store: TreeStore, rounds: int, status: TreeStatus, next_round: int
+) -> None:
+    await store.create_trees([new_tree("t1", budget=2, rounds=rounds)], now=1.0)
     batch = await settle_bare(store, "t1")
     await store.commit_decision(
         "t1", job=JOB, offered_from=10.0, round=1, token=batch.token, instructions=[("i1", "a1", 1)],
         predictions={}, returned=0, fallback=0, now=10.0,
     )  # fmt: skip
-    second = await apply(store, "t1", [turn("t1", "c1", "a1", instruction_id="i1", reward=0.0)], now=20.0)
-    assert (second.status, second.decision_round, second.completed) == (TreeStatus.EXPANDING, 2, False)
-    assert second.token and second.token != batch.token
-
-
-async def test_no_round_is_due_after_the_last_even_with_budget_left(store: TreeStore) -> None:
-    await store.create_trees([new_tree("t1", budget=2, rounds=1)], now=1.0)
-    batch = await settle_bare(store, "t1")
-    await store.commit_decision(
-        "t1", job=JOB, offered_from=10.0, round=1, token=batch.token, instructions=[("i1", "a1", 1)],
-        predictions={}, returned=0, fallback=0, now=10.0,
-    )  # fmt: skip
-    last = await apply(store, "t1", [turn("t1", "c1", "a1", instruction_id="i1", reward=0.0)], now=20.0)
-    assert (last.status, last.decision_round, last.completed) == (TreeStatus.COMPLETE, 0, True)
+    after = await apply(store, "t1", [turn("t1", "c1", "a1", instruction_id="i1", reward=0.0)], now=20.0)
+    assert (after.status, after.decision_round, after.completed) == (status, next_round, rounds == 1)
+    if rounds > 1:
+        assert after.token and after.token != batch.token
 
 
 async def test_a_round_that_places_nothing_completes_the_tree(store: TreeStore) -> None:
