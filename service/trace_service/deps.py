@@ -11,10 +11,10 @@ from fastapi import Depends, Request
 
 from trace_service.engine import (
     Allocation,
-    ControlEvidence,
     Engine,
     Instructions,
     Intake,
+    JobEvidence,
     Jobs,
     JobStatistics,
     Predictions,
@@ -62,7 +62,7 @@ async def get_predictors(request: Request) -> PredictorRegistry:
     return _engine(request).predictors
 
 
-async def get_evidence(request: Request) -> ControlEvidence:
+async def get_evidence(request: Request) -> JobEvidence:
     return _engine(request).evidence
 
 
@@ -83,6 +83,6 @@ StatsDep = Annotated[JobStatistics, Depends(get_stats)]
 JobsDep = Annotated[Jobs, Depends(get_jobs)]
 PredictionsDep = Annotated[Predictions, Depends(get_predictions)]
 PredictorsDep = Annotated[PredictorRegistry, Depends(get_predictors)]
-EvidenceDep = Annotated[ControlEvidence, Depends(get_evidence)]
+EvidenceDep = Annotated[JobEvidence, Depends(get_evidence)]
 ReadinessDep = Annotated[Readiness, Depends(get_readiness)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]

@@ -310,7 +310,7 @@ class PolicyRules:
     its trees share one continuation budget per allocation (``sharing``, ``reserve``: a tree whose bare
     rollouts already disagree leaves its pooled part to those whose bare rollouts agree; None: each
     tree spends its own share), and whether its Stage 1 reads Ṽ through the job's trust map
-    (``calibrated``, ``allocation.trust``: fitted to the job's control trees, so that a predictor with no
+    (``calibrated``, ``allocation.trust``: fitted to the job's recent bare groups, so that a predictor with no
     skill on the job yields uniform's allocation) or as the predictor gives it."""
 
     roots: RootRule

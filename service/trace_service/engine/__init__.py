@@ -6,7 +6,8 @@ and ``trace_service.allocation.tree``.
 - ``intake``: POST /v1/expand (events, the follow-ups they make due, re-offers)
 - ``decide``: one Stage 2 round of one tree, decided (``trace_service.allocation.branching``) and recorded
 - ``completion``: the bookkeeping once a tree is finished
-- ``control``: what a job's control trees say (its trust map, the predictor's calibration on them)
+- ``control``: what a job's finished groups say (its trust map; the predictor's calibration on control
+  prompts)
 - ``instructions``: GET /v1/instructions (leases)
 - ``maintenance``: the sweeper
 - ``queries``: tree export and close, job statistics, predictions on demand
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from trace_service.engine.allocate import Allocation
 from trace_service.engine.common import Clock, IdempotencyConflictError, NotFoundError
 from trace_service.engine.completion import Completion
-from trace_service.engine.control import ControlEvidence
+from trace_service.engine.control import JobEvidence
 from trace_service.engine.decide import Stage2
 from trace_service.engine.instructions import Instructions
 from trace_service.engine.intake import Intake
@@ -36,11 +37,11 @@ from trace_service.store import TreeStore
 __all__ = [
     "Allocation",
     "Clock",
-    "ControlEvidence",
     "Engine",
     "IdempotencyConflictError",
     "Instructions",
     "Intake",
+    "JobEvidence",
     "JobStatistics",
     "Jobs",
     "NotFoundError",
@@ -61,7 +62,7 @@ class Engine:
 
     store: TreeStore
     predictors: PredictorRegistry
-    evidence: ControlEvidence
+    evidence: JobEvidence
     allocation: Allocation
     intake: Intake
     instructions: Instructions
@@ -83,7 +84,7 @@ def build_engine(
 ) -> Engine:
     completion = Completion(store, metrics, settings.evidence_window)
     stage2 = Stage2(store, predictors, settings, metrics, completion, clock)
-    evidence = ControlEvidence(store)
+    evidence = JobEvidence(store)
     return Engine(
         store=store,
         predictors=predictors,

@@ -20,7 +20,7 @@ from trace_service.allocation import (
 from trace_service.allocation.control import RootPlan, plan_roots
 from trace_service.allocation.trust import Trust
 from trace_service.engine.common import Clock, IdempotencyConflictError, fresh_ids
-from trace_service.engine.control import ControlEvidence, trust_map
+from trace_service.engine.control import JobEvidence, trust_map
 from trace_service.metrics import OTHER_JOBS, Metrics
 from trace_service.offload import off_loop
 from trace_service.predictor import OutcomeCounts, Query
@@ -37,7 +37,7 @@ class Allocation:
         self,
         store: TreeStore,
         predictors: PredictorRegistry,
-        evidence: ControlEvidence,
+        evidence: JobEvidence,
         metrics: Metrics,
         clock: Clock,
     ) -> None:
@@ -121,8 +121,8 @@ class Allocation:
             for root, h in zip(encoded, history, strict=True)
         ]
         version, v = await predictor.predict(queries)
-        # A calibrated policy reads Ṽ through the job's trust map; with ε = 0 there are no controls to
-        # fit it to, and Stage 1 reads the predictor as it is.
+        # A calibrated policy reads Ṽ through the job's trust map; with ε = 0 no random sample anchors
+        # the fit, and Stage 1 reads the predictor as it is.
         calibrated = POLICIES[request.policy].calibrated and request.control_share > 0
         trust = await self.evidence.trust(request.job) if calibrated else None
         return await off_loop(

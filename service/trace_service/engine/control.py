@@ -4,6 +4,8 @@ control and policy groups, and the predictor's calibration on control prompts al
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 
 from trace_proto import ControlCalibration, PredictorInfo, TrustMap
@@ -12,7 +14,7 @@ from trace_service.offload import off_loop
 from trace_service.store import GroupOutcome, TreeStore
 
 
-class ControlEvidence:
+class JobEvidence:
     """Reads a job's recent groups from the store and fits what they say.
 
     The trust map is fitted to the control groups and the policy's together: the policy chose its
@@ -25,8 +27,7 @@ class ControlEvidence:
 
     async def trust(self, job: str) -> Trust:
         """The trust map fitted to the job's groups (every prediction alike before any)."""
-        controls, policy = await self._groups(job)
-        return await off_loop(len(controls) + len(policy), _fitted, controls + policy)
+        return await _fitted(*await self._groups(job))
 
     async def calibration(self, job: str) -> ControlCalibration | None:
         """The predictor's Brier score on the job's control groups against one constant's; None before
@@ -37,13 +38,13 @@ class ControlEvidence:
         """``info`` (GET /v1/predictor) with the predictor on its job's control prompts and the trust
         map Stage 1 applies now."""
         controls, policy = await self._groups(info.job)
-        trust = await off_loop(len(controls) + len(policy), _fitted, controls + policy)
+        trust = await _fitted(controls, policy)
         return info.model_copy(update={"control": _calibration(controls), "trust": trust_map(trust)})
 
     async def _groups(self, job: str) -> tuple[list[GroupOutcome], list[GroupOutcome]]:
-        return (
-            await self.store.group_outcomes(job, control=True),
-            await self.store.group_outcomes(job, control=False),
+        """The job's control groups and its policy's, read together."""
+        return await asyncio.gather(
+            self.store.group_outcomes(job, control=True), self.store.group_outcomes(job, control=False)
         )
 
 
@@ -81,5 +82,11 @@ def _columns(outcomes: list[GroupOutcome]) -> tuple[np.ndarray, np.ndarray, np.n
     )
 
 
-def _fitted(outcomes: list[GroupOutcome]) -> Trust:
+async def _fitted(controls: list[GroupOutcome], policy: list[GroupOutcome]) -> Trust:
+    """The trust map of both arms' groups, fitted off the event loop when they are many."""
+    outcomes = controls + policy
+    return await off_loop(len(outcomes), _fit, outcomes)
+
+
+def _fit(outcomes: list[GroupOutcome]) -> Trust:
     return fit_trust(*_columns(outcomes))

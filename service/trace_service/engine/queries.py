@@ -23,7 +23,7 @@ from trace_service.allocation.gain import CONTROL, POLICY, ArmSums, Unit, gain_r
 from trace_service.allocation.tree import advantages
 from trace_service.engine.common import Clock, NotFoundError
 from trace_service.engine.completion import Completion
-from trace_service.engine.control import ControlEvidence
+from trace_service.engine.control import JobEvidence
 from trace_service.lifecycle import FINISHED
 from trace_service.metrics import GAIN_BOUNDS, GAIN_UNITS, OTHER_JOBS, Metrics, gauge_value
 from trace_service.offload import off_loop
@@ -71,9 +71,7 @@ class Trees:
 class JobStatistics:
     """GET /v1/jobs/{job}/stats."""
 
-    def __init__(
-        self, store: TreeStore, settings: Settings, evidence: ControlEvidence, metrics: Metrics
-    ) -> None:
+    def __init__(self, store: TreeStore, settings: Settings, evidence: JobEvidence, metrics: Metrics) -> None:
         self.store = store
         self.settings = settings
         self.evidence = evidence
