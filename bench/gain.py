@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from trace_proto import GainEstimate, GainRatio
-from trace_service.allocation.gain import ArmSums, Unit, gain_ratio
+from trace_service.allocation.gain import ArmSums, Unit, gain_ratio, unweighted
 
 #: The arm that stands for the real uniform allocation the control trees sample, and the arm left out:
 #: GRPO's flat groups, whose controls sample flat groups, not the reference.
@@ -68,7 +68,7 @@ def checks(results: Mapping[str, Mapping[int, Mapping[str, GainCurve]]]) -> list
                 if curve.estimate is None or name in (REFERENCE, FLAT):
                     continue
                 for unit, label in UNITS:
-                    measured = gain_ratio(curve.policy_trees, uniform, unit)
+                    measured = gain_ratio(unweighted(curve.policy_trees), unweighted(uniform), unit)
                     estimate = curve.estimate.per_bare_rollout if unit == "bare" else curve.estimate.per_turn
                     found.append(
                         Check(
@@ -77,7 +77,7 @@ def checks(results: Mapping[str, Mapping[int, Mapping[str, GainCurve]]]) -> list
                             name,
                             label,
                             estimate,
-                            None if measured is None else measured[0],
+                            None if measured is None else measured.ratio,
                             curve.trust,
                         )
                     )

@@ -88,6 +88,7 @@ METRIC_NAMES: Final[frozenset[str]] = frozenset(
         "trace_arm_turns_total",
         "trace_gain_ratio",
         "trace_trust_slope",
+        "trace_policy_share",
         "trace_control_brier_skill",
         "trace_effective_ratio",
         "trace_predictor_version",
@@ -300,6 +301,13 @@ class Metrics:
             [JOB_LABEL],
             registry=registry,
         )
+        self.policy_share = Gauge(
+            "trace_policy_share",
+            "The share of the job's last allocation meant for the policy's trees (the rest: control trees "
+            "with uniform's rules), chosen from the job's evidence of its gain over uniform per turn.",
+            [JOB_LABEL],
+            registry=registry,
+        )
         self.control_brier_skill = Gauge(
             "trace_control_brier_skill",
             "1 − the predictor's Brier score on the job's control prompts over one constant's (NaN while "
@@ -413,6 +421,7 @@ class Metrics:
             *((family, tuple((arm,) for arm in ARMS)) for family in self.arm_families),
             (self.gain_ratio, tuple((u, b) for u in GAIN_UNITS for b in GAIN_BOUNDS)),
             (self.trust_slope, ((),)),
+            (self.policy_share, ((),)),
             (self.control_brier_skill, ((),)),
             (self.effective_ratio, ((),)),
             (self.predictor_version, ((),)),

@@ -66,6 +66,12 @@ class Settings(BaseSettings):
         "map is fitted to both, its calibration on control prompts to the first (older ones are "
         "forgotten: the policy moves on).",
     )
+    evidence_half_life_steps: float = Field(
+        default=4.0,
+        gt=0.0,
+        description="How fast a job's evidence of its gain over uniform ages: a step's trees weigh half as "
+        "much in the split of the budget this many steps later (the policy and the predictor move on).",
+    )
 
     # Predictor
     predictor_device: str = Field(default="auto", description="auto, cpu or cuda[:n].")

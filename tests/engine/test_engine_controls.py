@@ -9,7 +9,7 @@ from support import rollout, running_engine
 
 from trace_proto import AllocateRequest, AllocateResponse, Policy, PromptIn, TreeResponse
 from trace_service.allocation import uniform_roots
-from trace_service.allocation.gain import ArmSums, gain_ratio
+from trace_service.allocation.gain import ArmSums, gain_ratio, unweighted
 from trace_service.engine import Engine
 
 PROMPTS = 40
@@ -66,10 +66,13 @@ async def test_control_trees_are_drawn_marked_and_measured(store_url: str) -> No
         for tree in first.trees:
             mixed = int(tree.prompt_id[1:]) % 2 == 1
             arms[tree.control] += ArmSums.of_tree(mixed=mixed, bare=2, turns=4)
-        expected = gain_ratio(arms[False], arms[True], "bare")
+        expected = gain_ratio(unweighted(arms[False]), unweighted(arms[True]), "bare")
         assert expected is not None and gain.per_bare_rollout is not None
-        assert gain.per_bare_rollout.ratio == pytest.approx(expected[0])
-        assert gain.per_bare_rollout.low == pytest.approx(expected[1])
+        assert gain.per_bare_rollout.ratio == pytest.approx(expected.ratio)
+        assert gain.per_bare_rollout.low == pytest.approx(expected.low)
+        assert step.policy is not None and step.control is not None
+        assert (step.policy.trees, step.control.trees) == (20, 20)
+        assert step.policy_share == pytest.approx(first.split.policy_share if first.split else -1)
         assert stats.calibration is not None and stats.calibration.groups == 20
 
         # The trust map reads every group, the calibration the control groups alone.
@@ -80,10 +83,49 @@ async def test_control_trees_are_drawn_marked_and_measured(store_url: str) -> No
         assert info.trust is not None and info.trust.groups == 40
 
 
+def arm_reward(control: bool, j: int) -> float:
+    """Control trees' groups are mixed, the policy's all succeed: a job whose policy loses."""
+    return float(j % 2) if control else 1.0
+
+
+async def test_a_losing_policy_hands_its_budget_to_uniform_and_stats_show_it(store_url: str) -> None:
+    async with running_engine(store_url) as engine:
+        first = await engine.allocation.allocate(request(0, 0.1), None)
+        # No evidence yet: even odds, half the budget each way.
+        assert first.split is not None and first.split.gain_per_turn is None
+        assert first.split.policy_share == 0.5
+        events = [
+            event
+            for tree in first.trees
+            for j in range(tree.rollouts)
+            for event in rollout(tree.tree_id, None, 2, arm_reward(tree.control, j))
+        ]
+        assert not (await engine.intake.expand(events)).rejected
+        second = await engine.allocation.allocate(request(1, 0.1), None)
+        split = second.split
+        assert split is not None and split.gain_per_turn is not None and split.gain_per_turn.high < 1
+        assert split.policy_better < 0.05 and split.policy_share == pytest.approx(0.1)
+        bare = sum(tree.rollouts for tree in second.trees)
+        assert sum(tree.rollouts for tree in second.trees if tree.control) >= 0.8 * bare
+        stats = await engine.stats.job_stats("default")
+        assert [step.policy_share for step in stats.steps] == pytest.approx([0.5, 0.1])
+        # The statistics' ratio waits for a mixed policy tree; the split's counts half of one already.
+        assert stats.gain is not None and stats.gain.per_turn is None
+        assert (stats.gain.policy.mixed, stats.gain.control.mixed) == (0, 20)
+        # The gain over a chosen window of steps: the second step has no complete tree yet.
+        later = await engine.stats.job_stats("default", from_step=1)
+        assert [step.step for step in later.steps] == [1] and later.gain is not None
+        assert later.gain.per_turn is None and later.gain.policy.trees == 0
+        assert (await engine.stats.job_stats("default", from_step=5)).steps == []
+        with pytest.raises(ValueError, match="exceeds"):
+            await engine.stats.job_stats("default", from_step=2, to_step=1)
+
+
 async def test_a_share_of_zero_draws_no_control_and_reads_the_predictor_as_it_is(store_url: str) -> None:
     async with running_engine(store_url) as engine:
         allocation = await engine.allocation.allocate(request(0, 0.0), None)
         assert allocation.trust is None and not any(tree.control for tree in allocation.trees)
+        assert allocation.split is None
         await run(engine, allocation)
         stats = await engine.stats.job_stats("default")
         assert stats.gain is None and stats.calibration is None

@@ -30,6 +30,7 @@ from trace_proto.v1.limits import (
     MAX_STEP,
     MAX_TURNS_PER_HISTORY,
 )
+from trace_proto.v1.stats import GainRatio
 
 
 class Policy(StrEnum):
@@ -171,11 +172,15 @@ class AllocateRequest(RequestModel):
     policy: Policy = Policy.TRACE
     control_share: Annotated[FiniteFloat, Field(ge=0.0, le=1.0)] = Field(
         default=DEFAULT_CONTROL_SHARE,
-        description="ε: the share of `budget` spent on control trees, prompts drawn uniformly at random "
-        "from the whole pool (skipped or not by the policy) with uniform's group size and Stage 2. They "
-        "measure the job's gain over uniform allocation without bias (`GET /v1/jobs/{job}/stats`) and "
-        "fit how far Stage 1 trusts the predictor on this job (`trust`); 0 turns both off, and Stage 1 "
-        "then reads the predictor as it is. Workers treat control trees like any other.",
+        description="ε: the least share of `budget` spent on control trees, and the least left to the "
+        "policy. Control trees are prompts drawn uniformly at random from the whole pool (skipped or not "
+        "by the policy) with uniform's group size and Stage 2: they measure the job's gain over uniform "
+        "allocation without bias (`GET /v1/jobs/{job}/stats`), and the share of each allocation that "
+        "follows the policy is chosen in [ε, 1 − ε] from that evidence (`split`): a job whose policy finds "
+        "fewer mixed groups per generated turn than uniform moves to uniform's allocation. They also fit "
+        "how far Stage 1 trusts the predictor (`trust`). 0 turns all of it off, and Stage 1 then reads "
+        "the predictor as it is; ε ≥ 0.5 fixes the control share at ε. Workers treat control trees like "
+        "any other.",
     )
     rounds: Annotated[StrictInt, Field(ge=1, le=MAX_ROUNDS), Integral] = Field(
         default=1, description="Stage 2 rounds; each round uses the outcomes observed so far."
@@ -252,6 +257,25 @@ class TrustMap(ResponseModel):
     )
 
 
+class BudgetSplit(ResponseModel):
+    """How the allocation's bare rollouts were split between the policy's rule and uniform's (the control
+    trees), chosen from the job's own evidence: the probability that the policy finds more mixed groups
+    per generated turn, kept within the request's `control_share` ε on each side."""
+
+    policy_share: Probability = Field(
+        description="The share of `budget` meant for the policy's trees; the rest went to control trees."
+    )
+    policy_better: Probability = Field(
+        description="P(the policy finds more mixed groups per generated turn than uniform) on the job's "
+        "earlier steps, recent steps weighing more (0.5 before any evidence)."
+    )
+    gain_per_turn: GainRatio | None = Field(
+        default=None,
+        description="The gain that probability was read from: the policy's mixed groups per generated turn "
+        "over the controls', with its 90% interval; null before both arms have a mixed tree.",
+    )
+
+
 class AllocateResponse(ResponseModel):
     """The allocation: every requested prompt appears exactly once, in `trees` or in `skipped`."""
 
@@ -271,6 +295,9 @@ class AllocateResponse(ResponseModel):
         default=None,
         description="The calibration map Stage 1 applied to Ṽ, fitted to the job's recent groups; null when "
         "the policy reads the predictor as it is (`trace_paper`, the baselines) or the control share is 0.",
+    )
+    split: BudgetSplit | None = Field(
+        default=None, description="How the budget was split between the policy and uniform; null at ε = 0."
     )
 
     @computed_field  # type: ignore[prop-decorator]

@@ -8,6 +8,15 @@ from pydantic import Field, computed_field, model_validator
 from trace_proto.v1.common import Count, JobName, Probability, Real, ResponseModel
 
 
+class ArmTotals(ResponseModel):
+    """The complete trees of one arm of a job (its policy's trees, or its control trees)."""
+
+    trees: Count
+    mixed: Count
+    bare_rollouts: Count = Field(description="Scored bare rollouts.")
+    turns: Count = Field(description="Turns generated, continuations included.")
+
+
 class StepStats(ResponseModel):
     """One training step of a job; counts of continuations are in rollouts."""
 
@@ -27,6 +36,15 @@ class StepStats(ResponseModel):
         default=0, description="Active prompts drawn as controls (uniform's rules, counted in `active`)."
     )
     control_mixed: Count = Field(default=0, description="Mixed trees among the control trees.")
+    policy_share: Probability = Field(
+        default=1.0,
+        description="The share of the step's budget meant for the policy's trees (the allocations' mean; "
+        "the rest went to control trees), as the job's evidence chose it.",
+    )
+    policy: ArmTotals | None = Field(
+        default=None, description="The step's complete policy trees (what the gain reads of this step)."
+    )
+    control: ArmTotals | None = Field(default=None, description="The step's complete control trees.")
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -54,15 +72,6 @@ class StepStats(ResponseModel):
         return self
 
 
-class ArmTotals(ResponseModel):
-    """The complete trees of one arm of a job (its policy's trees, or its control trees)."""
-
-    trees: Count
-    mixed: Count
-    bare_rollouts: Count = Field(description="Scored bare rollouts.")
-    turns: Count = Field(description="Turns generated, continuations included.")
-
-
 class GainRatio(ResponseModel):
     """A ratio of the policy's figure to uniform's, with its 90% interval."""
 
@@ -74,9 +83,9 @@ class GainRatio(ResponseModel):
 class GainEstimate(ResponseModel):
     """Whether the job's policy beats uniform allocation, measured on the job itself: mixed groups per
     bare rollout and per generated turn of the policy's trees over those of the control trees (a random
-    sample of uniform's allocation on the same pools), over the steps reported. The 90% intervals come
-    from the delta method on the log ratio, each complete tree one observation; null while either arm
-    has no mixed tree."""
+    sample of uniform's allocation on the same pools), over the steps reported. The ratio is corrected
+    for the second-order bias of a quotient of sums; the 90% intervals come from the delta method on the
+    log ratio, each complete tree one observation; null while either arm has no mixed tree."""
 
     policy: ArmTotals
     control: ArmTotals
@@ -106,7 +115,9 @@ class JobStats(ResponseModel):
     job: JobName
     steps: list[StepStats]
     gain: GainEstimate | None = Field(
-        default=None, description="Over the steps reported; null when none of them drew control trees."
+        default=None,
+        description="Over the steps reported (choose them with `from_step` and `to_step`, e.g. to leave out "
+        "warm-up); null when none of them drew control trees.",
     )
     calibration: ControlCalibration | None = Field(
         default=None, description="The predictor on control prompts; null before any control tree."

@@ -5,7 +5,8 @@ from the whole pool, whether or not the policy's Stage 1 would give them any, ea
 size and uniform's Stage 2.  They are a random sample of what uniform allocation would have done on this
 pool at this budget, so their outcomes estimate, without bias, uniform's mixed groups and the predictor's
 calibration on prompts the policy did not choose.  The policy's Stage 1 allocates the rest of the budget
-over the rest of the pool.
+over a random draw of the rest of the pool as large as its share (``plan_roots``).  The share itself
+is the job's to choose from its evidence (``allocation.split``).
 
 With n uniform's group size (:func:`uniform_group_size`), the number of control trees is
 
@@ -69,14 +70,19 @@ class RootPlan:
 
 
 def plan_roots(rule: RootRule, inputs: RootInputs, share: float, rng: np.random.Generator) -> RootPlan:
-    """The control trees (:func:`draw_controls`), then the policy's Stage 1 rule over the other prompts
-    with what the controls left of the budget and of ``max_prompts``.  Never more than the budget,
-    never more active prompts than ``max_prompts``; ``share`` 0 is the rule alone."""
+    """The control trees (:func:`draw_controls`), then the policy's Stage 1 rule with what the controls
+    left of the budget and of ``max_prompts``, over a uniform draw of ``⌈(1 − share)·B⌉`` of the other
+    prompts: the policy arm then sees as many prompts per rollout as the whole allocation does, so its
+    trees sample what the rule does on the whole pool at any share.  Never more than the budget, never
+    more active prompts than ``max_prompts``; ``share`` 0 is the rule alone."""
     controls = draw_controls(inputs, share, rng)
     control = controls > 0
     rest = np.flatnonzero(~control)
     spent = int(controls.sum())
     counts = controls.copy()
+    offered = min(rest.size, math.ceil((1.0 - share) * inputs.n_prompts))
+    if offered < rest.size:
+        rest = np.sort(rng.choice(rest, size=offered, replace=False))
     if rest.size:
         max_prompts = None if inputs.max_prompts is None else inputs.max_prompts - int(control.sum())
         if max_prompts is None or max_prompts > 0:

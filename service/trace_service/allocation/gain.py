@@ -1,23 +1,32 @@
 """A job's gain over uniform allocation, from its control trees (pure).
 
 Each complete tree is one observation ``(x, c)``: ``x`` = 1 when the tree is mixed, ``c`` its cost
-(scored bare rollouts, or turns generated).  Per arm — the policy's trees, and the control trees drawn at
-random for uniform's rules (``allocation.control``) — the rate of mixed groups per unit of cost is the
-ratio estimator ``r = Σx / Σc`` with the delta-method variance
+(scored bare rollouts, or turns generated).  The sums are kept per step and arm (:class:`ArmSums`), and
+an estimate reads a window of steps, each step ``s`` with a weight ``w_s`` (1 for the job's statistics,
+a decay with age for the split of the next allocation, ``allocation.split``).  Per arm — the policy's
+trees, and the control trees drawn at random for uniform's rules (``allocation.control``) — the rate of
+mixed groups per unit of cost is the ratio estimator
 
-    Var(r) ≈ n/(n − 1) · Σ (x − r·c)² / (Σc)²
-           = n/(n − 1) · (Σx − 2r·Σxc + r²·Σc²) / (Σc)²          (x² = x),
+    r = Σ w x / Σ w c,
+    ν = Var(r)/r² ≈ n/(n − 1) · Σ_s w_s² (X_s − 2r·XC_s + r²·CC_s) / (r·Σ w c)²     (x² = x),
 
-and the gain is ``R = r_policy / r_control`` with the interval ``R·exp(±z·s)``,
-``s² = Var(r_policy)/r_policy² + Var(r_control)/r_control²`` (the arms are independent samples), z the
-normal quantile of the level (1.645 for 90%).  The sums are kept per step and arm
-(:meth:`ArmSums.figures`), so any window of steps adds up.
+with ``X_s, XC_s, CC_s`` the step's sums of x, x·c, c² and n the window's effective number of trees
+``(Σ w)² / Σ w²`` (over trees).  A ratio of sums is biased at second order,
+``E[r̂] ≈ r·(1 + β)``, ``β = (S_cc/c̄² − S_xc/(x̄·c̄)) / n`` (S the weighted covariances of the trees'
+costs and outcomes), and so is the inverse of the control's rate, ``E[1/r̂] ≈ (1 − β + ν)/r``.  The
+gain is the bias-corrected quotient
+
+    R = (r_policy / r_control) / ((1 + β_policy)·(1 − β_control + ν_control)),
+
+and its interval ``exp(L ± z·s)`` is centred on the bias-corrected log ratio
+``L = log(r_p/r_c) − (β_p − ν_p/2) + (β_c − ν_c/2)`` with ``s² = ν_policy + ν_control`` (the arms are
+independent samples), z the normal quantile of the level (1.645 for 90%).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Literal
 
@@ -59,26 +68,94 @@ class ArmSums:
         """The sums read back from a step's totals (an absent figure is 0)."""
         return cls(*(int(totals.get(f"{arm}_{f.name}", 0)) for f in fields(cls)))
 
-    def rate(self, unit: Unit) -> tuple[float, float] | None:
-        """``(r, Var(r))`` of mixed trees per unit of cost (module docstring); None without any cost."""
-        cost = self.bare if unit == "bare" else self.turns
-        cost_sq = self.bare_sq if unit == "bare" else self.turns_sq
-        mixed_cost = self.mixed_bare if unit == "bare" else self.mixed_turns
-        if cost <= 0 or self.trees < 2:
+    def costs(self, unit: Unit) -> tuple[int, int, int]:
+        """``(Σc, Σc², Σx·c)`` in the unit."""
+        if unit == "bare":
+            return self.bare, self.bare_sq, self.mixed_bare
+        return self.turns, self.turns_sq, self.mixed_turns
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """An arm's mixed trees per unit of cost: the rate, its relative variance ν and relative bias β."""
+
+    rate: float
+    relative_variance: float
+    relative_bias: float
+
+
+def arm_rate(steps: Iterable[tuple[float, ArmSums]], unit: Unit, *, haldane: bool = False) -> Rate | None:
+    """The module's ``(r, ν, β)`` of one arm from its steps' sums, each with its weight; None with no
+    cost or under two trees' worth of evidence, and while the arm has no mixed tree, unless ``haldane``:
+    then an arm with none counts half a mixed tree (Haldane's correction) with the relative variance of
+    a count of one half, ``ν = 2``, so that many trees and no mixed one still say the arm is poor."""
+    weighted = [(w, sums) for w, sums in steps if w > 0 and sums.trees]
+    trees = sum(w * s.trees for w, s in weighted)
+    trees_sq = sum(w * w * s.trees for w, s in weighted)
+    mixed = sum(w * s.mixed for w, s in weighted)
+    cost, cost_sq, mixed_cost = (sum(w * s.costs(unit)[k] for w, s in weighted) for k in range(3))
+    if cost <= 0 or trees_sq <= 0 or trees * trees / trees_sq < 2:
+        return None
+    if mixed <= 0:
+        if not haldane:
             return None
-        r = self.mixed / cost
-        spread = max(self.mixed - 2 * r * mixed_cost + r * r * cost_sq, 0.0)
-        return r, self.trees / (self.trees - 1) * spread / cost**2
+        mean_weight = trees / sum(s.trees for _, s in weighted)
+        return Rate(0.5 * mean_weight / cost, 2.0, 0.0)
+    effective = trees * trees / trees_sq
+    r = mixed / cost
+    spread = sum(
+        w * w * max(s.mixed - 2 * r * s.costs(unit)[2] + r * r * s.costs(unit)[1], 0.0) for w, s in weighted
+    )
+    relative_variance = effective / (effective - 1) * spread / (r * cost) ** 2
+    mean_cost, mean_mixed = cost / trees, mixed / trees
+    cost_var = max(cost_sq / trees - mean_cost**2, 0.0)
+    covariance = mixed_cost / trees - mean_mixed * mean_cost
+    relative_bias = (cost_var / mean_cost**2 - covariance / (mean_mixed * mean_cost)) / effective
+    return Rate(r, relative_variance, relative_bias)
+
+
+@dataclass(frozen=True, slots=True)
+class Gain:
+    """The policy's rate over the controls': the bias-corrected ratio, its interval and the log ratio's
+    estimate and standard error that the interval is built from."""
+
+    ratio: float
+    low: float
+    high: float
+    log_ratio: float
+    log_error: float
 
 
 def gain_ratio(
-    policy: ArmSums, control: ArmSums, unit: Unit, z: float = Z_90
-) -> tuple[float, float, float] | None:
-    """``(R, low, high)``: the policy's mixed groups per unit over the controls', with its interval;
-    None while either arm has no mixed tree (or fewer than two trees)."""
-    mine, theirs = policy.rate(unit), control.rate(unit)
-    if mine is None or theirs is None or mine[0] <= 0 or theirs[0] <= 0:
+    policy: Iterable[tuple[float, ArmSums]],
+    control: Iterable[tuple[float, ArmSums]],
+    unit: Unit,
+    z: float = Z_90,
+    *,
+    haldane: bool = False,
+) -> Gain | None:
+    """The module's gain of the policy over the controls from each arm's weighted steps; None while
+    either arm has no rate (see :func:`arm_rate` for ``haldane``)."""
+    mine, theirs = arm_rate(policy, unit, haldane=haldane), arm_rate(control, unit, haldane=haldane)
+    if mine is None or theirs is None:
         return None
-    ratio = mine[0] / theirs[0]
-    spread = z * math.sqrt(mine[1] / mine[0] ** 2 + theirs[1] / theirs[0] ** 2)
-    return ratio, ratio * math.exp(-spread), ratio * math.exp(spread)
+    raw = mine.rate / theirs.rate
+    mean_bias = (1 + mine.relative_bias) * (1 - theirs.relative_bias + theirs.relative_variance)
+    log_ratio = (
+        math.log(raw)
+        - (mine.relative_bias - mine.relative_variance / 2)
+        + (theirs.relative_bias - theirs.relative_variance / 2)
+    )
+    error = math.sqrt(mine.relative_variance + theirs.relative_variance)
+    return Gain(
+        ratio=raw / mean_bias if mean_bias > 0 else raw,
+        low=math.exp(log_ratio - z * error),
+        high=math.exp(log_ratio + z * error),
+        log_ratio=log_ratio,
+        log_error=error,
+    )
+
+
+def unweighted(sums: ArmSums) -> list[tuple[float, ArmSums]]:
+    """One arm's sums as a window of one step of weight 1."""
+    return [(1.0, sums)]

@@ -84,7 +84,7 @@ def build_engine(
 ) -> Engine:
     completion = Completion(store, metrics, settings.evidence_window)
     stage2 = Stage2(store, predictors, settings, metrics, completion, clock)
-    evidence = JobEvidence(store)
+    evidence = JobEvidence(store, settings.evidence_half_life_steps)
     return Engine(
         store=store,
         predictors=predictors,

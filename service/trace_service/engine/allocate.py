@@ -18,9 +18,10 @@ from trace_service.allocation import (
     root_value,
 )
 from trace_service.allocation.control import RootPlan, plan_roots
+from trace_service.allocation.split import Split
 from trace_service.allocation.trust import Trust
 from trace_service.engine.common import Clock, IdempotencyConflictError, fresh_ids
-from trace_service.engine.control import JobEvidence, trust_map
+from trace_service.engine.control import JobEvidence, budget_split, trust_map
 from trace_service.metrics import OTHER_JOBS, Metrics
 from trace_service.offload import off_loop
 from trace_service.predictor import OutcomeCounts, Query
@@ -91,8 +92,11 @@ class Allocation:
         promised = self.metrics.budget_promised
         promised.labels(job, "bare").inc(sum(tree.rollouts for tree in trees))
         promised.labels(job, "continuation").inc(sum(tree.expansion_budget for tree in trees))
-        if response.trust is not None and job != OTHER_JOBS:
-            self.metrics.trust_slope.labels(job).set(response.trust.slope)
+        if job != OTHER_JOBS:
+            if response.trust is not None:
+                self.metrics.trust_slope.labels(job).set(response.trust.slope)
+            if response.split is not None:
+                self.metrics.policy_share.labels(job).set(response.split.policy_share)
         return response
 
     async def _index(self, request: AllocateRequest, response: AllocateResponse) -> None:
@@ -105,6 +109,7 @@ class Allocation:
             sum(tree.rollouts for tree in response.trees),
             self.clock(),
             controls=sum(tree.control for tree in response.trees),
+            policy_share=1.0 if response.split is None else response.split.policy_share,
         )
 
     async def _decide_roots(self, request: AllocateRequest) -> tuple[AllocateResponse, list[NewTree]]:
@@ -124,9 +129,11 @@ class Allocation:
         # A calibrated policy reads Ṽ through the job's trust map; with ε = 0 no random sample anchors
         # the fit, and Stage 1 reads the predictor as it is.
         calibrated = POLICIES[request.policy].calibrated and request.control_share > 0
-        trust = await self.evidence.trust(request.job) if calibrated else None
+        split, trust = await self.evidence.for_allocation(
+            request.job, request.step, request.control_share, calibrated=calibrated
+        )
         return await off_loop(
-            len(prompts), self._plan_roots, request, history, version, v, predictor.freshness, trust
+            len(prompts), self._plan_roots, request, history, version, v, predictor.freshness, split, trust
         )
 
     def _plan_roots(
@@ -136,14 +143,16 @@ class Allocation:
         version: int,
         v: npt.NDArray[np.float64],
         freshness: float,
+        split: Split,
         trust: Trust | None,
     ) -> tuple[AllocateResponse, list[NewTree]]:
-        """Stage 1 from the job's predictions, its trust map and continuation freshness: the answer and
-        the trees to create."""
+        """Stage 1 from the job's predictions, the split of its budget, its trust map and continuation
+        freshness: the answer and the trees to create."""
         read = v if trust is None else trust.apply(v)
-        plan = self._stage1(request, history, read, freshness)
+        plan = self._stage1(request, history, read, freshness, split.control_share)
         allocation_id, trees = _new_trees(request, history, plan, v, read)
-        return _response(request, allocation_id, trees, plan.counts, version, v, read, trust), trees
+        shown = split if request.control_share > 0 else None
+        return _response(request, allocation_id, trees, plan.counts, version, v, read, trust, shown), trees
 
     def _stage1(
         self,
@@ -151,6 +160,7 @@ class Allocation:
         history: list[PromptOutcomes],
         read: npt.NDArray[np.float64],
         freshness: float,
+        control_share: float,
     ) -> RootPlan:
         """The control trees, then the policy's Stage 1 rule (allocation.POLICIES) over the rest, given
         every input a rule may read."""
@@ -168,7 +178,7 @@ class Allocation:
                 zero_variance_streak=np.array([h.zero_variance_streak for h in history], dtype=np.int64),
                 rng=self._rng,
             ),
-            request.control_share,
+            control_share,
             self._rng,
         )
 
@@ -222,6 +232,7 @@ def _response(
     v: npt.NDArray[np.float64],
     read: npt.NDArray[np.float64],
     trust: Trust | None,
+    split: Split | None,
 ) -> AllocateResponse:
     """The answer: the trees, the prompts given no rollouts, and what the plan expects."""
     rollouts, predicted = counts.tolist(), v.tolist()
@@ -252,6 +263,7 @@ def _response(
             "expected_mixed": float(root_value(read, counts).sum()),
             "budget": request.budget,
             "trust": None if trust is None else trust_map(trust),
+            "split": None if split is None else budget_split(split),
         }
     )
 

@@ -1,4 +1,5 @@
-"""What a job's finished groups say: the trust map Stage 1 reads the predictor through, fitted to its
+"""What a job's finished trees say: how much of its next allocation follows the policy
+(``trace_service.allocation.split``), the trust map Stage 1 reads the predictor through, fitted to its
 control and policy groups, and the predictor's calibration on control prompts alone
 (``trace_service.allocation.trust``)."""
 
@@ -8,7 +9,8 @@ import asyncio
 
 import numpy as np
 
-from trace_proto import ControlCalibration, PredictorInfo, TrustMap
+from trace_proto import BudgetSplit, ControlCalibration, GainRatio, PredictorInfo, TrustMap
+from trace_service.allocation.split import Split, decide_split
 from trace_service.allocation.trust import Trust, control_calibration, fit_trust
 from trace_service.offload import off_loop
 from trace_service.store import GroupOutcome, TreeStore
@@ -22,8 +24,27 @@ class JobEvidence:
     outcomes follow predictions (on the prompts it chose), and there are many more of them.  The
     calibration reported is the control groups' alone: a random sample of the whole pool."""
 
-    def __init__(self, store: TreeStore) -> None:
+    def __init__(self, store: TreeStore, half_life: float) -> None:
         self.store = store
+        self.half_life = half_life
+
+    async def for_allocation(
+        self, job: str, step: int, floor: float, *, calibrated: bool
+    ) -> tuple[Split, Trust | None]:
+        """What an allocation of ``step`` reads, in one concurrent read: the split between the policy
+        and the controls (each arm at least ``floor``), and the trust map when Stage 1 is
+        ``calibrated``."""
+        if not calibrated:
+            return await self.split(job, step, floor), None
+        split, trust = await asyncio.gather(self.split(job, step, floor), self.trust(job))
+        return split, trust
+
+    async def split(self, job: str, step: int, floor: float) -> Split:
+        """The share of the allocation of ``step`` that follows the policy, from the earlier steps'
+        complete trees; every share is the floor's when the floor is 0 (no controls, no evidence)."""
+        if floor == 0.0:
+            return Split(policy_share=1.0, policy_better=0.5, gain=None)
+        return decide_split(await self.store.step_totals(job), step, floor, self.half_life)
 
     async def trust(self, job: str) -> Trust:
         """The trust map fitted to the job's groups (every prediction alike before any)."""
@@ -71,6 +92,16 @@ def trust_map(trust: Trust) -> TrustMap:
         center=trust.center,
         groups=trust.groups,
         dispersion=trust.dispersion,
+    )
+
+
+def budget_split(split: Split) -> BudgetSplit:
+    """The wire form of a split."""
+    gain = split.gain
+    return BudgetSplit(
+        policy_share=split.policy_share,
+        policy_better=split.policy_better,
+        gain_per_turn=None if gain is None else GainRatio(ratio=gain.ratio, low=gain.low, high=gain.high),
     )
 
 

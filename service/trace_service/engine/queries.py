@@ -77,9 +77,15 @@ class JobStatistics:
         self.evidence = evidence
         self.metrics = metrics
 
-    async def job_stats(self, job: str) -> JobStats:
-        steps = await self.store.steps(job, self.settings.stats_steps)
+    async def job_stats(self, job: str, from_step: int | None = None, to_step: int | None = None) -> JobStats:
+        """The job's most recent steps (``stats_steps`` at most) within ``[from_step, to_step]``, and the
+        gain over them."""
+        if from_step is not None and to_step is not None and from_step > to_step:
+            raise ValueError(f"from_step ({from_step}) exceeds to_step ({to_step}): no step lies between")
+        steps = await self.store.steps(job, self.settings.stats_steps, from_step, to_step)
         if not steps:
+            if await self.store.steps(job, 1):
+                return JobStats(job=job, steps=[], calibration=await self.evidence.calibration(job))
             raise NotFoundError(f"unknown job {job!r}")
         # Each hash once for every step; the sums before any step's trees (see _step_stats).
         allocations = await self.store.step_allocations(job)
@@ -120,6 +126,12 @@ class JobStatistics:
         other trees hold now.  The sums were read first: a tree counted in between is missed by this
         answer (and counted in the next), never counted twice."""
         tree_ids = await self.store.step_tree_ids(job, step)
+        budget = sum(allocation.bare_promised for allocation in allocations)
+        share = (
+            sum(allocation.policy_share * allocation.bare_promised for allocation in allocations) / budget
+            if budget
+            else 1.0
+        )
         uncounted = await self.store.uncounted(job, tree_ids)
         live = [meta for meta in await self.store.load_metas(uncounted) if meta]
         active = sum(allocation.trees for allocation in allocations)
@@ -145,24 +157,37 @@ class JobStatistics:
             turns=total("turns", lambda meta: meta.turns),
             control_trees=controls,
             control_mixed=total(f"{CONTROL}_mixed", lambda meta: int(meta.control and meta.mixed)),
+            policy_share=share,
+            policy=arm_totals(ArmSums.from_figures(totals, POLICY)),
+            control=arm_totals(ArmSums.from_figures(totals, CONTROL)),
         )
 
 
 def gain_estimate(step_totals: Sequence[Mapping[str, int]]) -> GainEstimate:
-    """The gain over uniform of the steps' complete trees (``allocation.gain``)."""
-    policy = sum((ArmSums.from_figures(totals, POLICY) for totals in step_totals), ArmSums())
-    control = sum((ArmSums.from_figures(totals, CONTROL) for totals in step_totals), ArmSums())
+    """The gain over uniform of the steps' complete trees, each step weighing alike
+    (``allocation.gain``)."""
+    policy = [(1.0, ArmSums.from_figures(totals, POLICY)) for totals in step_totals]
+    control = [(1.0, ArmSums.from_figures(totals, CONTROL)) for totals in step_totals]
 
     def ratio(unit: Unit) -> GainRatio | None:
         estimate = gain_ratio(policy, control, unit)
-        return None if estimate is None else GainRatio(ratio=estimate[0], low=estimate[1], high=estimate[2])
-
-    def arm(sums: ArmSums) -> ArmTotals:
-        return ArmTotals(trees=sums.trees, mixed=sums.mixed, bare_rollouts=sums.bare, turns=sums.turns)
+        return (
+            None
+            if estimate is None
+            else GainRatio(ratio=estimate.ratio, low=estimate.low, high=estimate.high)
+        )
 
     return GainEstimate(
-        policy=arm(policy), control=arm(control), per_bare_rollout=ratio("bare"), per_turn=ratio("turns")
+        policy=arm_totals(sum((sums for _, sums in policy), ArmSums())),
+        control=arm_totals(sum((sums for _, sums in control), ArmSums())),
+        per_bare_rollout=ratio("bare"),
+        per_turn=ratio("turns"),
     )
+
+
+def arm_totals(sums: ArmSums) -> ArmTotals:
+    """The wire form of an arm's sums."""
+    return ArmTotals(trees=sums.trees, mixed=sums.mixed, bare_rollouts=sums.bare, turns=sums.turns)
 
 
 class Jobs:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Response
+from fastapi import APIRouter, Path, Query, Response
 
 from trace_proto import JobDeleted, JobStats, TreeResponse
 from trace_proto.v1 import limits, paths
@@ -28,9 +28,20 @@ async def close_tree(tree_id: TreeId, trees: TreesDep) -> Response:
 
 
 @router.get(paths.JOB_STATS, response_model=JobStats, responses={**ERRORS, **NOT_FOUND})
-async def job_stats(job: Annotated[JobName, Path()], stats: StatsDep) -> JobStats:
-    """Effective ratio and budget accounting per training step (most recent steps)."""
-    return await stats.job_stats(job)
+async def job_stats(
+    job: Annotated[JobName, Path()],
+    stats: StatsDep,
+    from_step: Annotated[
+        int | None, Query(ge=0, le=limits.MAX_STEP, description="The first step reported (inclusive).")
+    ] = None,
+    to_step: Annotated[
+        int | None, Query(ge=0, le=limits.MAX_STEP, description="The last step reported (inclusive).")
+    ] = None,
+) -> JobStats:
+    """Effective ratio, budget accounting and the split between the policy and uniform per training step
+    (the most recent steps, within `[from_step, to_step]` when given), and the job's gain over uniform
+    over those steps."""
+    return await stats.job_stats(job, from_step, to_step)
 
 
 @router.delete(paths.JOB, response_model=JobDeleted, responses=ERRORS)

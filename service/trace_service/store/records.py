@@ -423,17 +423,18 @@ class GroupOutcome:
 @dataclass(frozen=True)
 class AllocationCounts:
     """What one allocation of a step made: prompts offered, trees (``controls`` of them control
-    trees), bare rollouts promised."""
+    trees), bare rollouts promised, and the share of the budget meant for the policy's trees."""
 
     prompts: int
     trees: int
     bare_promised: int
     controls: int
+    policy_share: float = 1.0
 
     def __str__(self) -> str:
-        return f"{self.prompts},{self.trees},{self.bare_promised},{self.controls}"
+        return f"{self.prompts},{self.trees},{self.bare_promised},{self.controls},{self.policy_share!r}"
 
     @classmethod
     def parse(cls, raw: str) -> AllocationCounts:
-        prompts, trees, bare_promised, controls = (int(part) for part in raw.split(","))
-        return cls(prompts, trees, bare_promised, controls)
+        prompts, trees, bare_promised, controls, share = raw.split(",")
+        return cls(int(prompts), int(trees), int(bare_promised), int(controls), float(share))

@@ -119,14 +119,15 @@ class TreeStore(PredictorOperations):
         now: float,
         *,
         controls: int = 0,
+        policy_share: float = 1.0,
     ) -> None:
         """List an allocation's trees under its job and step, and as open for the sweeper (idempotent),
         with its counts (``prompts`` offered, trees, ``bare_promised`` rollouts, ``controls`` of the
-        trees control trees) for job stats.  The trees first, in bounded chunks; the step, which makes job
-        stats count them, only once every tree is listed, so a failure part-way leaves nothing that
-        stats count (a retry completes it)."""
+        trees control trees, the ``policy_share`` of its budget) for job stats.  The trees first, in
+        bounded chunks; the step, which makes job stats count them, only once every tree is listed, so
+        a failure part-way leaves nothing that stats count (a retry completes it)."""
         ttl, step_info = self.job_ttl, f"{step}:{allocation_id}"
-        counts = AllocationCounts(prompts, len(tree_ids), bare_promised, controls)
+        counts = AllocationCounts(prompts, len(tree_ids), bare_promised, controls, policy_share)
         writes = ScriptRunner.writes
         await self.scripts.run_all(
             writes(self.keys.step_trees(job, step), ttl, "SADD", tree_ids)
@@ -411,9 +412,14 @@ class TreeStore(PredictorOperations):
     async def jobs(self) -> list[str]:
         return [text(job) for job in await self.redis.zrange(self.keys.jobs, 0, -1)]
 
-    async def steps(self, job: str, last: int) -> list[int]:
-        raw = await self.redis.zrange(self.keys.steps(job), -last, -1)
-        return [int(text(step)) for step in raw]
+    async def steps(
+        self, job: str, last: int, first_step: int | None = None, last_step: int | None = None
+    ) -> list[int]:
+        """The job's ``last`` most recent steps within ``[first_step, last_step]`` (either end open)."""
+        low = "-inf" if first_step is None else first_step
+        high = "+inf" if last_step is None else last_step
+        raw = await self.redis.zrevrangebyscore(self.keys.steps(job), high, low, start=0, num=last)
+        return [int(text(step)) for step in reversed(raw)]
 
     async def step_tree_ids(self, job: str, step: int) -> list[str]:
         return sorted(text(tree_id) for tree_id in await self.redis.smembers(self.keys.step_trees(job, step)))

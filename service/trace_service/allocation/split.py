@@ -1,0 +1,94 @@
+"""How much of an allocation follows the policy's rule, from the job's own evidence (pure).
+
+Each allocation of a job is a two-armed experiment: a share ``π`` of its bare rollouts follows the
+policy's rule and the rest, the *control* trees, uniform's (``allocation.control``).  Both arms are
+random samples of what their rule does on the job's pools, so the job's complete trees estimate, without
+bias, the gain ``R`` of the policy over uniform in mixed groups per generated turn
+(``allocation.gain``).  The next allocation's share is the probability, on that evidence, that the
+policy is the better arm (probability matching, the deterministic form of Thompson sampling), kept
+within a floor ``ε`` on each arm:
+
+    π = clip(Φ(L / s), ε, 1 − ε),
+
+``L`` the bias-corrected log gain per turn and ``s`` its standard error (an arm with no mixed tree
+yet counts half of one, ``gain.arm_rate``), over the job's earlier steps each weighted
+``2^(−age / h)`` (``h`` the evidence's half-life in steps, so a job whose predictor gets better, or
+worse, is followed), and ``π = 1/2`` before either arm has evidence.
+
+What it guarantees against always playing the better arm, per step (``R`` the gain per turn and
+``Δ = |1 − 1/R|`` the worse arm's shortfall in mixed groups relative to the better one's):
+
+- the floor costs at most ``ε·Δ`` of a step's mixed groups, the price of keeping both estimates
+  unbiased and of noticing when the better arm changes;
+- above the floor the worse arm's share is ``Φ(−|log R|/s)``.  With every step weighing alike ``s``
+  shrinks as ``σ/√t`` (σ one step's standard error) and the summed cost is a constant of order
+  ``σ²/Δ``, Thompson sampling's logarithmic regret; with the half-life the evidence is that of
+  ``n_h = (1 + λ)/(1 − λ)`` steps (``λ = 2^(−1/h)``, 11.6 steps at h = 4), so ``s`` settles at
+  ``σ/√n_h`` and the cost per step at ``Φ(−|log R|·√n_h/σ)·Δ``: negligible once a step's evidence
+  tells the arms apart within ``n_h`` steps, at most ``Δ/2`` per step when it never does (and then
+  the arms are within noise of each other).  The loss is never more than ``(1 − ε)·Δ`` a step.
+
+A job whose policy loses therefore moves to ``1 − ε`` of uniform as soon as its interval excludes 1
+(at ``|L| ≥ 1.645·s``, ``Φ ≤ 0.05``), and one whose policy wins keeps only the floor on controls.  A
+floor of ``ε ≥ 1/2`` pins the share at ``1 − ε`` (no adaptation).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from trace_service.allocation.gain import CONTROL, POLICY, ArmSums, Gain, Unit, gain_ratio
+
+#: The unit the split is decided in: what a user pays for is generated turns.
+SPLIT_UNIT: Unit = "turns"
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """The share of an allocation's bare rollouts that follows the policy, and the evidence it read."""
+
+    policy_share: float
+    policy_better: float
+    gain: Gain | None
+
+    @property
+    def control_share(self) -> float:
+        return 1.0 - self.policy_share
+
+
+def step_weights(steps: Mapping[int, object], now: int, half_life: float) -> dict[int, float]:
+    """``2^(−(now − s)/h)`` for each earlier step ``s`` (later steps, a retry's own, weigh nothing)."""
+    if half_life <= 0:
+        raise ValueError(f"the evidence's half-life must be positive, got {half_life}")
+    return {s: 2.0 ** (-(now - s) / half_life) for s in steps if s < now}
+
+
+def decide_split(
+    step_totals: Mapping[int, Mapping[str, int]], now: int, floor: float, half_life: float
+) -> Split:
+    """The module's share for the allocation of step ``now`` from the job's per-step totals
+    (``ArmSums.figures`` of both arms), with the floor ``ε`` on each arm."""
+    if not (math.isfinite(floor) and 0.0 <= floor <= 1.0):
+        raise ValueError(f"the floor must lie in [0, 1], got {floor}")
+    weights = step_weights(step_totals, now, half_life)
+    policy = [(w, ArmSums.from_figures(step_totals[s], POLICY)) for s, w in weights.items()]
+    control = [(w, ArmSums.from_figures(step_totals[s], CONTROL)) for s, w in weights.items()]
+    gain = gain_ratio(policy, control, SPLIT_UNIT, haldane=True)
+    better = 0.5 if gain is None else _probability_positive(gain.log_ratio, gain.log_error)
+    return Split(policy_share=_clip(better, floor), policy_better=better, gain=gain)
+
+
+def _clip(share: float, floor: float) -> float:
+    """``clip(share, ε, 1 − ε)``, and ``1 − ε`` when the floors cross."""
+    if floor >= 0.5:
+        return 1.0 - floor
+    return min(max(share, floor), 1.0 - floor)
+
+
+def _probability_positive(mean: float, error: float) -> float:
+    """``P(L > 0)`` for ``L ~ N(mean, error²)``."""
+    if error <= 0:
+        return 0.5 if mean == 0 else float(mean > 0)
+    return 0.5 * math.erfc(-mean / (error * math.sqrt(2.0)))
