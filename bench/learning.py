@@ -56,6 +56,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import statistics
 import sys
 import tempfile
 import time
@@ -76,6 +77,7 @@ from bench.gain import checks, print_report
 from bench.harness import StepConfig, Strategy, run_step
 from bench.learning_arms import PILOT_SUFFIX, UNIFORM, Arm, build_arms, variant_arm
 from bench.learning_report import Curve, plot, print_seed_table, print_summary
+from bench.misleading import RelabelledAgent, Relabelling
 from bench.policy_gradient import (
     OPTIMIZERS,
     TURN_WEIGHTS,
@@ -91,7 +93,7 @@ from trace_client.driver import DriverConfig, FinishedTree, RolloutDriver
 from trace_lab.local import RedisServer, ServiceProcess
 from trace_lab.sim import FAMILIES, Prompt, make_workload
 from trace_lab.sim.base import PolicyWorkload
-from trace_lab.sim.workers import SimAgent, prompt_in
+from trace_lab.sim.workers import prompt_in
 from trace_proto import AllocateRequest
 from trace_service.allocation.gain import ArmSums
 from trace_service.allocation.tree import FreshnessEstimate
@@ -124,6 +126,8 @@ class StepOutcome:
     active: int
     policy_trees: ArmSums = field(default_factory=ArmSums)
     control_trees: ArmSums = field(default_factory=ArmSums)
+    #: The share of the step's bare rollouts meant for the policy's trees (1 without controls).
+    policy_share: float = 1.0
 
 
 class ArmRun:
@@ -150,6 +154,7 @@ class ArmRun:
         curve.active.append(outcome.active)
         curve.policy_trees += outcome.policy_trees
         curve.control_trees += outcome.control_trees
+        curve.policy_share.append(outcome.policy_share)
 
 
 class ServiceArm(ArmRun):
@@ -162,7 +167,13 @@ class ServiceArm(ArmRun):
         self.service = service
         self.client = AsyncTraceClient(service.url, timeout=120.0)
         self.job = fresh_job("learn", family, f"s{seed}", arm.name)
-        agent = SimAgent(self.workload, np.random.default_rng([seed, 1, *arm.name.encode()]))
+        #: From step `--mislead-after` on, each task is offered under another task's id and text
+        #: (`bench.misleading`); the agent runs the true task behind the label.
+        self.mislead_after: int | None = args.mislead_after
+        self.labels = Relabelling()
+        agent = RelabelledAgent(
+            self.workload, np.random.default_rng([seed, 1, *arm.name.encode()]), self.labels
+        )
         # Every rollout of a step in flight at once: SimAgent steps them in one vectorised batch per turn.
         driver_config = DriverConfig(concurrency=4 * arm.budget + 64, step_timeout=args.step_timeout)
         self.driver = RolloutDriver(self.client, agent.next_turn, config=driver_config)
@@ -171,10 +182,15 @@ class ServiceArm(ArmRun):
 
     async def step(self, step: int, pool: Sequence[Prompt]) -> StepOutcome:
         self.workload.policy = self.theta
+        if step == self.mislead_after:
+            self.labels.swap_difficulty(self.workload)
         trees: list[FinishedTree] = []
+        shares: list[float] = []
         waves = self.arm.waves
         for wave, budget in enumerate(waves):
-            trees += await self.allocate_and_run(step * len(waves) + wave, budget, pool)
+            wave_trees, share = await self.allocate_and_run(step * len(waves) + wave, budget, pool)
+            trees += wave_trees
+            shares.append(share)
         kept = [finished for finished in trees if finished.tree.mixed or not self.arm.mixed_groups_only]
         turns = weighted_turns(
             [
@@ -198,9 +214,13 @@ class ServiceArm(ArmRun):
             active=len(trees),
             policy_trees=arms[False],
             control_trees=arms[True],
+            policy_share=statistics.fmean(shares),
         )
 
-    async def allocate_and_run(self, step: int, budget: int, pool: Sequence[Prompt]) -> list[FinishedTree]:
+    async def allocate_and_run(
+        self, step: int, budget: int, pool: Sequence[Prompt]
+    ) -> tuple[list[FinishedTree], float]:
+        """The wave's finished trees and the share of its budget meant for the policy."""
         assert self.arm.policy is not None
         request = AllocateRequest(
             job=self.job,
@@ -211,12 +231,13 @@ class ServiceArm(ArmRun):
             policy=self.arm.policy,
             control_share=self.arm.control_share,
             max_branch_depth=self.max_branch_depth,
-            prompts=[prompt_in(prompt) for prompt in pool],
+            prompts=[prompt_in(self.labels.shown(prompt)) for prompt in pool],
         )
         result = await self.driver.run_step(request)
         if result.timed_out:
             print(f"  {self.arm.name}: step {step} timed out; its open trees were closed", file=sys.stderr)
-        return list(result.trees)
+        split = result.allocation.split
+        return list(result.trees), 1.0 if split is None else split.policy_share
 
     async def wait_for_training(self, patience: float) -> None:
         await wait_for_training(self.client, self.job, patience)
@@ -449,6 +470,13 @@ def argument_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="branching arms continue only from prefixes at most this many turns deep (default: any)",
+    )
+    parser.add_argument(
+        "--mislead-after",
+        type=int,
+        default=None,
+        help="from this step on, offer each task to the service under the id and text of the task of "
+        "opposite difficulty (`bench.misleading`): a job whose predictor's ranking misleads",
     )
     parser.add_argument(
         "--arms",

@@ -33,6 +33,13 @@ class Curve:
     #: and the slope of the trust map its Stage 1 read the predictor through then.
     estimate: GainEstimate | None = None
     trust: float | None = None
+    #: The share of each step's bare rollouts meant for the policy's trees (the rest: control trees).
+    policy_share: list[float] = field(default_factory=list)
+
+    def mixed_per(self, unit: str) -> float:
+        """Mixed groups per turn (``unit`` "turns") or per rollout (``"rollouts"``) over the whole run."""
+        cost = getattr(self, unit)[-1]
+        return sum(self.mixed) / cost if cost else 0.0
 
     @property
     def effective_ratio(self) -> float:
@@ -70,6 +77,11 @@ class ArmFigures:
     rollouts_ratio: float | None
     mixed_per_step: float
     effective_ratio: float
+    #: Mixed groups per generated turn and per rollout over uniform's (GRPO's flat groups).
+    mixed_per_turn: float
+    mixed_per_rollout: float
+    #: The mean share of the budget that followed the policy's rule.
+    policy_share: float
 
 
 def arm_figures(curves: dict[str, Curve]) -> dict[str, ArmFigures]:
@@ -92,9 +104,16 @@ def arm_figures(curves: dict[str, Curve]) -> dict[str, ArmFigures]:
             rollouts_ratio=ratio(curve, "rollouts"),
             mixed_per_step=statistics.fmean(curve.mixed),
             effective_ratio=curve.effective_ratio,
+            mixed_per_turn=_over(curve.mixed_per("turns"), uniform.mixed_per("turns")),
+            mixed_per_rollout=_over(curve.mixed_per("rollouts"), uniform.mixed_per("rollouts")),
+            policy_share=statistics.fmean(curve.policy_share) if curve.policy_share else 1.0,
         )
         for name, curve in curves.items()
     }
+
+
+def _over(mine: float, theirs: float) -> float:
+    return mine / theirs if theirs else float("nan")
 
 
 def _ratio_cell(value: float | None) -> str:
@@ -110,7 +129,7 @@ def print_seed_table(family: str, seed: int, curves: dict[str, Curve]) -> None:
     )
     header = (
         f"{'arm':<14} {'final':>7} {'steps':>6} {'turns→uniform':>14} {'rollouts→uniform':>17}"
-        f" {'mixed/step':>11} {'eff. ratio':>11}"
+        f" {'mixed/step':>11} {'eff. ratio':>11} {'mixed/turn':>11} {'mixed/roll.':>11} {'policy':>7}"
     )
     print(header)
     print("-" * len(header))
@@ -118,6 +137,7 @@ def print_seed_table(family: str, seed: int, curves: dict[str, Curve]) -> None:
         print(
             f"{name:<14} {row.final_success:>7.3f} {row.steps:>6} {_ratio_cell(row.turns_ratio):>14} "
             f"{_ratio_cell(row.rollouts_ratio):>17} {row.mixed_per_step:>11.1f} {row.effective_ratio:>11.3f}"
+            f" {row.mixed_per_turn:>11.2f} {row.mixed_per_rollout:>11.2f} {row.policy_share:>7.2f}"
         )
 
 
@@ -125,7 +145,8 @@ def print_summary(results: dict[str, dict[int, dict[str, Curve]]]) -> None:
     print("\nSummary: mean ± std over seeds; (k/S): only k of S seeds reached uniform's final success")
     header = (
         f"{'family':<10} {'arm':<14} {'final success':>15} {'steps':>6} {'turns→uniform':>20}"
-        f" {'rollouts→uniform':>20} {'mixed/step':>14} {'eff. ratio':>13}"
+        f" {'rollouts→uniform':>20} {'mixed/step':>14} {'eff. ratio':>13} {'mixed/turn':>13}"
+        f" {'mixed/roll.':>13} {'policy':>11}"
     )
     print(header)
     print("-" * len(header))
@@ -141,7 +162,10 @@ def print_summary(results: dict[str, dict[int, dict[str, Curve]]]) -> None:
                 f"{mean_spread([r.turns_ratio for r in rows]):>20} "
                 f"{mean_spread([r.rollouts_ratio for r in rows]):>20} "
                 f"{mean_spread([r.mixed_per_step for r in rows]):>14} "
-                f"{mean_spread([r.effective_ratio for r in rows]):>13}"
+                f"{mean_spread([r.effective_ratio for r in rows]):>13} "
+                f"{mean_spread([r.mixed_per_turn for r in rows]):>13} "
+                f"{mean_spread([r.mixed_per_rollout for r in rows]):>13} "
+                f"{mean_spread([r.policy_share for r in rows]):>11}"
             )
     print(
         "final success: exact mean success of the held-out tasks once the arm has generated uniform's\n"
@@ -149,7 +173,9 @@ def print_summary(results: dict[str, dict[int, dict[str, Curve]]]) -> None:
         "steps: policy-gradient steps taken (--horizon turns: until uniform's turns are matched).\n"
         "turns→uniform, rollouts→uniform: the turns (rollouts) an arm needed to reach uniform's final\n"
         "success over uniform's own (< 1: faster than uniform). mixed/step: mixed groups per step;\n"
-        "eff. ratio: mixed / active groups."
+        "eff. ratio: mixed / active groups. mixed/turn, mixed/roll.: mixed groups per generated turn\n"
+        "(per rollout) over uniform's flat groups'. policy: the mean share of the budget that followed\n"
+        "the arm's policy (the rest: control trees, uniform's rules)."
     )
 
 

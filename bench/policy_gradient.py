@@ -81,14 +81,15 @@ def policy_gradient(theta: FloatArray, turns: SampledTurns) -> FloatArray:
 def _sampled_turns(
     workload: PolicyWorkload, prompt_id: str, turns: Iterable[tuple[RolloutState, RolloutState | None, float]]
 ) -> SampledTurns:
-    """(state after the turn, state before it or None at the prompt, advantage) → sampled turns."""
-    start_context = workload.context_of(workload.start(prompt_id))
+    """(state after the turn, state before it or None at the prompt, advantage) → sampled turns.  A first
+    turn's context is its own task's start (the state knows its task, whatever the tree was labelled)."""
     contexts, actions, values = [], [], []
     for after, before, advantage in turns:
         action = after.history[-1].action
         if action is None:
             raise ValueError(f"a turn of {prompt_id!r} records no action: not a policy family's turn")
-        contexts.append(start_context if before is None else workload.context_of(before))
+        start = workload.start(after.prompt_id) if before is None else before
+        contexts.append(workload.context_of(start))
         actions.append(action)
         values.append(advantage)
     return SampledTurns(

@@ -20,9 +20,11 @@ def _totals(*steps: tuple[ArmSums, ArmSums]) -> dict[int, dict[str, int]]:
     return {s: policy.figures(POLICY) | control.figures(CONTROL) for s, (policy, control) in enumerate(steps)}
 
 
-def test_without_evidence_the_budget_is_split_evenly_within_the_floors() -> None:
+def test_without_evidence_the_policy_gets_most_of_the_budget_within_the_floors() -> None:
     split = decide_split({}, 0, 0.1, 4.0)
-    assert split.policy_share == 0.5 and split.policy_better == 0.5 and split.gain is None
+    assert split.policy_share == pytest.approx(0.789, abs=1e-3) and split.policy_better == 0.5
+    assert split.gain is None
+    assert decide_split({}, 0, 0.25, 4.0).policy_share == pytest.approx(0.75)
     # A floor of one half or more pins the share (no adaptation).
     assert decide_split({}, 0, 0.7, 4.0).policy_share == pytest.approx(0.3)
 
@@ -87,3 +89,13 @@ def test_the_loop_plays_the_better_arm_all_but_its_floor(policy_rate: float, con
     assert np.mean(worse_shares[5:]) < floor + 0.1
     gap = abs(policy_rate - control_rate) * trees
     assert lost < floor * gap * steps + 6 * gap
+
+
+def test_a_policy_whose_interval_lies_below_one_keeps_at_most_a_fifth() -> None:
+    """The tolerance's promise, at the edge: an interval whose top just touches 1."""
+    for trees in (30, 120, 480):
+        for policy_mixed in range(1, trees):
+            split = decide_split(_totals((_arm(trees, policy_mixed), _arm(trees, trees // 2))), 1, 0.05, 4.0)
+            assert split.gain is not None
+            if split.gain.high < 1:
+                assert split.policy_share <= 0.2 + 1e-9

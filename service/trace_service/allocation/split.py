@@ -5,32 +5,40 @@ policy's rule and the rest, the *control* trees, uniform's (``allocation.control
 random samples of what their rule does on the job's pools, so the job's complete trees estimate, without
 bias, the gain ``R`` of the policy over uniform in mixed groups per generated turn
 (``allocation.gain``).  The next allocation's share is the probability, on that evidence, that the
-policy is the better arm (probability matching, the deterministic form of Thompson sampling), kept
-within a floor ``ε`` on each arm:
+policy is no worse than uniform by more than ``c`` standard errors, kept within a floor ``ε`` on each
+arm:
 
-    π = clip(Φ(L / s), ε, 1 − ε),
+    π = clip(Φ(L / s + c),  ε, 1 − ε),       c = 1.645 − Φ⁻¹(0.8) ≈ 0.80,
 
 ``L`` the bias-corrected log gain per turn and ``s`` its standard error (an arm with no mixed tree
 yet counts half of one, ``gain.arm_rate``), over the job's earlier steps each weighted
 ``2^(−age / h)`` (``h`` the evidence's half-life in steps, so a job whose predictor gets better, or
-worse, is followed), and ``π = 1/2`` before either arm has evidence.
+worse, is followed).  ``Φ(L/s)`` alone would be probability matching (the deterministic form of
+Thompson sampling); the tolerance ``c·s`` shrinks with the evidence, so the rule becomes it as the
+evidence grows, and it fixes the two ends a user meets first: before any evidence the policy gets
+``Φ(c) ≈ 0.79`` of the budget (a job starts on TRACE's rules, whose gain the benchmarks show), and as
+soon as the job's 90% interval lies below 1 (``L/s ≤ −1.645``) it gets at most
+``Φ(c − 1.645) = 0.2``: four fifths of the budget follow uniform.
 
 What it guarantees against always playing the better arm, per step (``R`` the gain per turn and
 ``Δ = |1 − 1/R|`` the worse arm's shortfall in mixed groups relative to the better one's):
 
 - the floor costs at most ``ε·Δ`` of a step's mixed groups, the price of keeping both estimates
   unbiased and of noticing when the better arm changes;
-- above the floor the worse arm's share is ``Φ(−|log R|/s)``.  With every step weighing alike ``s``
+- above the floor the worse arm's share is ``Φ(c − |log R|/s)`` for a losing policy (``Φ(−c −
+  |log R|/s)`` for a losing uniform).  With every step weighing alike ``s``
   shrinks as ``σ/√t`` (σ one step's standard error) and the summed cost is a constant of order
   ``σ²/Δ``, Thompson sampling's logarithmic regret; with the half-life the evidence is that of
   ``n_h = (1 + λ)/(1 − λ)`` steps (``λ = 2^(−1/h)``, 11.6 steps at h = 4), so ``s`` settles at
   ``σ/√n_h`` and the cost per step at ``Φ(−|log R|·√n_h/σ)·Δ``: negligible once a step's evidence
   tells the arms apart within ``n_h`` steps, at most ``Δ/2`` per step when it never does (and then
-  the arms are within noise of each other).  The loss is never more than ``(1 − ε)·Δ`` a step.
+  the arms are within noise of each other; the tolerance lets a policy worse by less than about
+  ``c·s`` keep more than half the budget, a loss of at most ``c·s`` in log gain on that share).
+  The loss is never more than ``(1 − ε)·Δ`` a step.
 
-A job whose policy loses therefore moves to ``1 − ε`` of uniform as soon as its interval excludes 1
-(at ``|L| ≥ 1.645·s``, ``Φ ≤ 0.05``), and one whose policy wins keeps only the floor on controls.  A
-floor of ``ε ≥ 1/2`` pins the share at ``1 − ε`` (no adaptation).
+A job whose policy loses keeps moving to ``1 − ε`` of uniform as its evidence grows, and one whose
+policy wins keeps only the floor on controls.  A floor of ``ε ≥ 1/2`` pins the share at ``1 − ε``
+(no adaptation).
 """
 
 from __future__ import annotations
@@ -38,11 +46,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from statistics import NormalDist
 
-from trace_service.allocation.gain import CONTROL, POLICY, ArmSums, Gain, Unit, gain_ratio
+from trace_service.allocation.gain import CONTROL, POLICY, Z_90, ArmSums, Gain, Unit, gain_ratio
 
 #: The unit the split is decided in: what a user pays for is generated turns.
 SPLIT_UNIT: Unit = "turns"
+#: ``c``: the standard errors of shortfall the policy is allowed before it gives up half the budget,
+#: such that a 90% interval below 1 leaves it a fifth.
+TOLERANCE = Z_90 - NormalDist().inv_cdf(0.8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +88,15 @@ def decide_split(
     policy = [(w, ArmSums.from_figures(step_totals[s], POLICY)) for s, w in weights.items()]
     control = [(w, ArmSums.from_figures(step_totals[s], CONTROL)) for s, w in weights.items()]
     gain = gain_ratio(policy, control, SPLIT_UNIT, haldane=True)
-    better = 0.5 if gain is None else _probability_positive(gain.log_ratio, gain.log_error)
-    return Split(policy_share=_clip(better, floor), policy_better=better, gain=gain)
+    if gain is None:
+        return Split(policy_share=_clip(_normal_cdf(TOLERANCE), floor), policy_better=0.5, gain=None)
+    if gain.log_error <= 0:  # every tree alike in both arms: the sign decides
+        better = 0.5 if gain.log_ratio == 0 else float(gain.log_ratio > 0)
+        return Split(policy_share=_clip(better, floor), policy_better=better, gain=gain)
+    z = gain.log_ratio / gain.log_error
+    return Split(
+        policy_share=_clip(_normal_cdf(z + TOLERANCE), floor), policy_better=_normal_cdf(z), gain=gain
+    )
 
 
 def _clip(share: float, floor: float) -> float:
@@ -87,8 +106,5 @@ def _clip(share: float, floor: float) -> float:
     return min(max(share, floor), 1.0 - floor)
 
 
-def _probability_positive(mean: float, error: float) -> float:
-    """``P(L > 0)`` for ``L ~ N(mean, error²)``."""
-    if error <= 0:
-        return 0.5 if mean == 0 else float(mean > 0)
-    return 0.5 * math.erfc(-mean / (error * math.sqrt(2.0)))
+def _normal_cdf(x: float) -> float:
+    return 0.5 * math.erfc(-x / math.sqrt(2.0))
