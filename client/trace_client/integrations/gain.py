@@ -1,5 +1,5 @@
 """A job's gain over uniform and its trust in the predictor as a trainer's log figures, for every
-integration alike (`trace/gain/*`, `trace/trust/slope`, `trace/control/brier_skill`).
+integration alike (`trace/gain/*`, `trace/split/*`, `trace/trust/slope`, `trace/control/brier_skill`).
 
 The figures come from the service: its estimate from the job's control trees (`GET /v1/jobs/{job}/stats`,
 `gain` and `calibration`) and the trust map the allocation read the predictor through. A figure the
@@ -21,6 +21,8 @@ GAIN_METRICS: Final = {
     "trace/gain/per_turn_low": "the low end of its 90% interval",
     "trace/gain/per_turn_high": "the high end of its 90% interval",
     "trace/gain/control_trees": "complete control trees the estimate is measured on",
+    "trace/split/policy_share": "the share of the step's budget that followed the policy (the rest: uniform)",
+    "trace/split/policy_better": "P(the policy finds more mixed groups per turn than uniform) on the evidence",
     "trace/trust/slope": "how far Stage 1 trusted the predictor (0: uniform's allocation; 1: as it is)",
     "trace/control/brier_skill": "the predictor's Brier skill on control prompts (> 0: it tells them apart)",
 }
@@ -31,6 +33,9 @@ def gain_metrics(allocation: AllocateResponse | None, stats: JobStats | None) ->
     figures: dict[str, float] = {}
     if allocation is not None and allocation.trust is not None:
         figures["trace/trust/slope"] = allocation.trust.slope
+    if allocation is not None and allocation.split is not None:
+        figures["trace/split/policy_share"] = allocation.split.policy_share
+        figures["trace/split/policy_better"] = allocation.split.policy_better
     if stats is None:
         return figures
     if stats.gain is not None:
