@@ -22,7 +22,7 @@ GAIN_METRICS: Final = {
     "trace/gain/per_turn_high": "the high end of its 90% interval",
     "trace/gain/control_trees": "complete control trees the estimate is measured on",
     "trace/split/policy_share": "the share of the step's budget that followed the policy (the rest: uniform)",
-    "trace/split/policy_better": "P(the policy finds more mixed groups per turn than uniform) on the evidence",
+    "trace/split/policy_better": "P(the policy finds more mixed groups per turn than uniform), evidence",
     "trace/trust/slope": "how far Stage 1 trusted the predictor (0: uniform's allocation; 1: as it is)",
     "trace/control/brier_skill": "the predictor's Brier skill on control prompts (> 0: it tells them apart)",
 }
