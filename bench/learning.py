@@ -475,8 +475,8 @@ def argument_parser() -> argparse.ArgumentParser:
         "--mislead-after",
         type=int,
         default=None,
-        help="from this step on, offer each task to the service under the id and text of the task of "
-        "opposite difficulty (`bench.misleading`): a job whose predictor's ranking misleads",
+        help="from this step on, offer each task to the service under the id and text of the task half "
+        "the difficulty ranking away (`bench.misleading`): a job whose predictor's ranking misleads",
     )
     parser.add_argument(
         "--arms",

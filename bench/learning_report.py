@@ -139,6 +139,11 @@ def print_seed_table(family: str, seed: int, curves: dict[str, Curve]) -> None:
             f"{_ratio_cell(row.rollouts_ratio):>17} {row.mixed_per_step:>11.1f} {row.effective_ratio:>11.3f}"
             f" {row.mixed_per_turn:>11.2f} {row.mixed_per_rollout:>11.2f} {row.policy_share:>7.2f}"
         )
+    for name, curve in curves.items():
+        if any(share < 1 for share in curve.policy_share):
+            print(
+                f"policy share by step, {name}: " + " ".join(f"{share:.2f}" for share in curve.policy_share)
+            )
 
 
 def print_summary(results: dict[str, dict[int, dict[str, Curve]]]) -> None:

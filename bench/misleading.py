@@ -1,8 +1,10 @@
 """A workload whose difficulty cues flip (`bench/learning.py --mislead-after K`): from step K on, each
-task is offered to the service under the id and text of its partner, the task of opposite difficulty
-under the arm's policy then (the easiest with the hardest, the second easiest with the second hardest,
-...).  What the job's predictor learned of each id and each text, its outcome history included, then
-points the wrong way: a job whose policy loses by following it.  The agent runs the true task behind
+task is offered to the service under the id and text of the task half the ranking away in difficulty
+under the arm's policy then (ranks rotated by half: the tasks of middling difficulty, where groups are
+mixed, carry the labels of the easiest and hardest, and those the labels of middling ones).  What the
+job's predictor learned of each id and each text, its outcome history included, then points the wrong
+way: Stage 1 spends on the labels it expects to be mixed and skips the ones it expects to agree, a job
+whose policy loses by following it.  The agent runs the true task behind
 each label, so the learner and its held-out evaluation are untouched."""
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ class Relabelling:
         self._true: dict[str, str] = {}
 
     def swap_difficulty(self, workload: Workload) -> None:
-        """Pair the tasks by their true success now, easiest with hardest, and swap each pair's labels."""
+        """Rank the tasks by their true success now and give the task of rank r the label of rank
+        r + n/2 (mod n)."""
         prompts = workload.prompts
         order = np.argsort(workload.true_success_many([p.prompt_id for p in prompts]), kind="stable")
         for rank, index in enumerate(order):
-            task, partner = prompts[index], prompts[order[len(order) - 1 - rank]]
+            task, partner = prompts[index], prompts[order[(rank + len(order) // 2) % len(order)]]
             self._shown[task.prompt_id] = partner
             self._true[partner.prompt_id] = task.prompt_id
 
