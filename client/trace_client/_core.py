@@ -218,8 +218,11 @@ def predict_call(histories: Sequence[HistoryIn], job: str = DEFAULT_JOB) -> ApiC
     return ApiCall("POST", paths.PREDICT, PredictResponse, body=_json_body(request))
 
 
-def job_stats_call(job: str) -> ApiCall[JobStats]:
-    return ApiCall("GET", _path(paths.JOB_STATS, job=_job_name.validate_python(job)), JobStats)
+def job_stats_call(job: str, from_step: int | None = None, to_step: int | None = None) -> ApiCall[JobStats]:
+    window = {
+        name: step for name, step in (("from_step", from_step), ("to_step", to_step)) if step is not None
+    }
+    return ApiCall("GET", _path(paths.JOB_STATS, job=_job_name.validate_python(job)), JobStats, params=window)
 
 
 def delete_job_call(job: str) -> ApiCall[JobDeleted]:

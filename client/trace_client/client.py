@@ -162,9 +162,16 @@ class TraceClient(_Options):
         """`POST /v1/predict`: Ṽ(H) for each history, in order."""
         return self._send(_core.predict_call(histories, job), timeout)
 
-    def job_stats(self, job: str = DEFAULT_JOB, *, timeout: TimeoutOption | None = None) -> JobStats:
-        """`GET /v1/jobs/{job}/stats`."""
-        return self._send(_core.job_stats_call(job), timeout)
+    def job_stats(
+        self,
+        job: str = DEFAULT_JOB,
+        *,
+        from_step: int | None = None,
+        to_step: int | None = None,
+        timeout: TimeoutOption | None = None,
+    ) -> JobStats:
+        """`GET /v1/jobs/{job}/stats`, over the steps in `[from_step, to_step]` when given."""
+        return self._send(_core.job_stats_call(job, from_step, to_step), timeout)
 
     def delete_job(self, job: str, *, timeout: TimeoutOption | None = None) -> JobDeleted:
         """`DELETE /v1/jobs/{job}`: everything of the job, its predictor included."""
@@ -287,9 +294,16 @@ class AsyncTraceClient(_Options):
         """`POST /v1/predict`: Ṽ(H) for each history, in order."""
         return await self._send(_core.predict_call(histories, job), timeout)
 
-    async def job_stats(self, job: str = DEFAULT_JOB, *, timeout: TimeoutOption | None = None) -> JobStats:
-        """`GET /v1/jobs/{job}/stats`."""
-        return await self._send(_core.job_stats_call(job), timeout)
+    async def job_stats(
+        self,
+        job: str = DEFAULT_JOB,
+        *,
+        from_step: int | None = None,
+        to_step: int | None = None,
+        timeout: TimeoutOption | None = None,
+    ) -> JobStats:
+        """`GET /v1/jobs/{job}/stats`, over the steps in `[from_step, to_step]` when given."""
+        return await self._send(_core.job_stats_call(job, from_step, to_step), timeout)
 
     async def delete_job(self, job: str, *, timeout: TimeoutOption | None = None) -> JobDeleted:
         """`DELETE /v1/jobs/{job}`: everything of the job, its predictor included."""

@@ -199,3 +199,20 @@ def test_a_shared_draw_is_spent_over_the_rounds(service: ThreadedService) -> Non
         round_two = run_continuations(client, round_one, 0.0).instructions
         assert spent + sum(i.count for i in round_two) == total
         assert run_continuations(client, round_two, 1.0).completed == [second.tree_id]
+
+
+def test_job_stats_cover_the_steps_asked_for(service: ThreadedService) -> None:
+    """The window of steps the statistics and their gain cover, through the client."""
+    with TraceClient(service.url) as client:
+        for step in (0, 1, 2):
+            client.allocate(
+                AllocateRequest(
+                    job="window", step=step, budget=4, prompts=[PromptIn(prompt_id=f"p{i}") for i in range(4)]
+                )
+            )
+        assert [s.step for s in client.job_stats("window").steps] == [0, 1, 2]
+        assert [s.step for s in client.job_stats("window", from_step=1).steps] == [1, 2]
+        assert [s.step for s in client.job_stats("window", from_step=1, to_step=1).steps] == [1]
+        later = client.job_stats("window", from_step=7)
+        assert later.steps == [] and later.gain is None
+        assert all(0.0 <= s.policy_share <= 1.0 for s in client.job_stats("window").steps)

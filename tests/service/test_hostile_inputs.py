@@ -187,6 +187,14 @@ def other_inputs() -> Iterator[Hostile]:
     yield Hostile("stats unknown job", "GET", "/v1/jobs/nobody/stats")
     yield Hostile("stats bad job name", "GET", "/v1/jobs/a%20b/stats")
     yield Hostile("stats unknown parameter", "GET", "/v1/jobs/default/stats?step=1")
+    for query in [
+        "from_step=-1",
+        "from_step=abc",
+        "to_step=1e3",
+        "from_step=5&to_step=2",
+        "to_step=" + "9" * 40,
+    ]:
+        yield Hostile(f"stats ?{query:.30}", "GET", f"/v1/jobs/default/stats?{query}")
     histories: list[tuple[str, Any]] = [
         ("no histories", []),
         ("too many histories", [{"prompt_id": "p"}] * (limits.MAX_HISTORIES_PER_REQUEST + 1)),
