@@ -14,7 +14,7 @@ from support import make_settings
 
 from trace_client import AsyncTraceClient
 from trace_client.driver import DriverConfig, FinishedTree
-from trace_client.envs import Environment, EnvironmentWorker, Episode, GemEnvironment
+from trace_client.envs import Environment, EnvironmentWorker, EnvTurn, Episode, GemEnvironment
 from trace_lab.local import ThreadedService
 from trace_proto import AllocateRequest, Policy, PromptIn
 
@@ -66,6 +66,9 @@ async def test_a_continuation_that_does_not_replay_as_recorded_is_reported_as_fa
                 f"ReplayDivergence: replay diverged in tree {finished.tree.tree_id} at node "
             )
             assert node_id not in finished.turns
+        for node_id, turn in finished.turns.items():  # the driver's on_turn named every record's node
+            assert isinstance(turn.state, EnvTurn)
+            assert turn.state.node_id == node_id
         # the bare rollouts ran to their end: the failures are continuations
         assert len(finished.failures) <= finished.tree.expansion_budget
     assert worker.stats.divergences == sum(len(finished.failures) for finished in trees)

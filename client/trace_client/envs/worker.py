@@ -152,24 +152,24 @@ class EnvironmentWorker:
                 move = Move(move)
             step = live.step(move.action)
             self.stats.steps += 1
+            episode = Episode(
+                episode.prompt, episode.start, (*episode.steps, (move.action, step.observation, step.reward))
+            )
+            done = step.done or (self._max_steps is not None and len(episode.steps) >= self._max_steps)
+            record = EnvTurn(
+                key=uuid.uuid4().hex,
+                seed=self._seed_of(history),
+                action=move.action,
+                observation=step.observation,
+                reward=float(step.reward),
+                done=step.done,
+                start=episode.start if history.depth == 0 else None,
+                snapshot=None if done else live.snapshot(),
+            )
+            reward = float(self._outcome(episode)) if done else None
         except BaseException:
-            live.close()
+            live.close()  # the rollout fails here: its environment has no node to wait at
             raise
-        seed = self._seed_of(history)
-        episode = Episode(
-            episode.prompt, episode.start, (*episode.steps, (move.action, step.observation, step.reward))
-        )
-        done = step.done or (self._max_steps is not None and len(episode.steps) >= self._max_steps)
-        record = EnvTurn(
-            key=uuid.uuid4().hex,
-            seed=seed,
-            action=move.action,
-            observation=step.observation,
-            reward=float(step.reward),
-            done=step.done,
-            start=episode.start if history.depth == 0 else None,
-            snapshot=None if done else live.snapshot(),
-        )
         if done:
             self._count(live, len(episode.steps))
             live.close()
@@ -177,12 +177,7 @@ class EnvironmentWorker:
             self._cache.put((history.tree_id, record.key), live)
         text = move.text if move.text is not None else f"{move.action}\n{step.observation}"[:_TEXT_CHARS]
         return TurnResult(
-            text=text,
-            done=done,
-            reward=float(self._outcome(episode)) if done else None,
-            features=move.features,
-            tokens=move.tokens,
-            state=record,
+            text=text, done=done, reward=reward, features=move.features, tokens=move.tokens, state=record
         )
 
     def _seed_of(self, history: History) -> int:
