@@ -22,14 +22,16 @@ from env_support import (
     turn,
 )
 
-from trace_client.driver import History
+from trace_client.driver import History, TurnTokens
 from trace_client.envs import (
     DeepCopySnapshots,
     Environment,
     EnvironmentWorker,
     EnvTurn,
+    Episode,
     GemEnvironment,
     GymnasiumEnvironment,
+    Move,
     ReplayDivergence,
 )
 from trace_proto import PromptIn
@@ -150,3 +152,28 @@ async def test_a_turn_leaves_the_callers_global_random_state_alone() -> None:
     before = random.getstate()
     await rollout(worker, History(prompt(), "tree-r"))
     assert random.getstate() == before
+
+
+async def test_with_observation_ids_the_turns_tokens_hold_the_whole_episode() -> None:
+    def policy(episode: Episode) -> Move:
+        return Move(
+            scripted(mastermind_guesses(10, 1))(episode), tokens=TurnTokens((7, 8), logprobs=(-1.0, -2.0))
+        )
+
+    worker = EnvironmentWorker(
+        lambda _: GemEnvironment("game:Mastermind-v0-easy"),
+        policy,
+        observation_ids=lambda observation: [len(str(observation))],
+    )
+    first = await turn(worker, History(prompt(), "tree-t"))
+    second = await turn(worker, first)
+    record = first.turns[0].state
+    assert isinstance(record, EnvTurn)
+    tokens = first.turns[0].tokens
+    assert tokens is not None
+    assert tokens.ids == (len(str(record.start)), 7, 8, len(str(record.observation)))
+    assert tokens.mask == (0, 1, 1, 0)
+    assert tokens.logprobs == (0.0, -1.0, -2.0, 0.0)
+    later = second.turns[1].tokens
+    assert later is not None
+    assert later.mask == (1, 1, 0)

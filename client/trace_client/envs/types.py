@@ -65,11 +65,13 @@ class Move:
 @dataclass(frozen=True, slots=True)
 class Episode:
     """What the policy sees: the prompt, the first observation and every (action, observation, reward)
-    so far; `observation` is the latest one."""
+    so far; `observation` is the latest one. `history` is the driver's history the episode continues
+    (its turns' tokens are an LLM policy's context)."""
 
     prompt: PromptIn
     start: object
     steps: tuple[tuple[object, object, float], ...] = ()
+    history: History | None = None
 
     @property
     def observation(self) -> object:
@@ -86,11 +88,8 @@ class Episode:
         if not records or not all(isinstance(record, EnvTurn) for record in records):
             raise TypeError("the history's turns were not all made by an EnvironmentWorker")
         turns = [record for record in records if isinstance(record, EnvTurn)]
-        return cls(
-            history.prompt,
-            turns[0].start,
-            tuple((turn.action, turn.observation, turn.reward) for turn in turns),
-        )
+        steps = tuple((turn.action, turn.observation, turn.reward) for turn in turns)
+        return cls(history.prompt, turns[0].start, steps, history)
 
 
 Policy = Callable[[Episode], "object | Move | Awaitable[object | Move]"]

@@ -5,11 +5,19 @@ from __future__ import annotations
 
 import inspect
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from trace_client.client import AsyncTraceClient
-from trace_client.driver import DriverConfig, History, ProgressCallback, RolloutDriver, Score, TurnResult
+from trace_client.driver import (
+    DriverConfig,
+    History,
+    ProgressCallback,
+    RolloutDriver,
+    Score,
+    TurnResult,
+    TurnTokens,
+)
 from trace_client.envs._live import CacheStats, GlobalRandom, Live, LiveCache, Snapshot
 from trace_client.envs.types import (
     Environment,
@@ -82,6 +90,11 @@ class EnvironmentWorker:
     `ReplayDivergence` naming the tree, node and turn, which fails that rollout only (the driver
     reports it as a failed rollout). `isolate_random` gives every environment its own state of the
     process-global random generators (some environments draw from them).
+
+    For a trainer, the policy returns a `Move` with the tokens it generated; with `observation_ids`
+    (an observation's token ids, e.g. the tokenizer's) each turn's `TurnTokens` go on with the
+    observation's tokens, masked 0 (the first turn's start with the first observation's), so the
+    context of the next turn is the prompt and the turns' tokens.
     """
 
     def __init__(
@@ -94,6 +107,7 @@ class EnvironmentWorker:
         cache_size: int = 1024,
         max_steps: int | None = None,
         isolate_random: bool = True,
+        observation_ids: Callable[[object], Sequence[int]] | None = None,
     ) -> None:
         if max_steps is not None and max_steps < 1:
             raise ValueError(f"max_steps must be at least 1 or None, got {max_steps}")
@@ -103,6 +117,7 @@ class EnvironmentWorker:
         self._seed = seed
         self._max_steps = max_steps
         self._isolate_random = isolate_random
+        self._observation_ids = observation_ids
         self._cache = LiveCache(cache_size)
         self.stats = ReplayStats()
 
@@ -152,9 +167,9 @@ class EnvironmentWorker:
                 move = Move(move)
             step = live.step(move.action)
             self.stats.steps += 1
-            episode = Episode(
-                episode.prompt, episode.start, (*episode.steps, (move.action, step.observation, step.reward))
-            )
+            before = episode
+            steps = (*episode.steps, (move.action, step.observation, step.reward))
+            episode = Episode(episode.prompt, episode.start, steps, history)
             done = step.done or (self._max_steps is not None and len(episode.steps) >= self._max_steps)
             record = EnvTurn(
                 key=uuid.uuid4().hex,
@@ -176,8 +191,23 @@ class EnvironmentWorker:
         else:
             self._cache.put((history.tree_id, record.key), live)
         text = move.text if move.text is not None else f"{move.action}\n{step.observation}"[:_TEXT_CHARS]
+        tokens = self._tokens(move, before, step.observation)
         return TurnResult(
-            text=text, done=done, reward=reward, features=move.features, tokens=move.tokens, state=record
+            text=text, done=done, reward=reward, features=move.features, tokens=tokens, state=record
+        )
+
+    def _tokens(self, move: Move, before: Episode, observation: object) -> TurnTokens | None:
+        """The move's tokens followed by the observation's (masked 0) when `observation_ids` is given;
+        a first turn starts with the first observation's, so the turns' tokens hold the whole episode."""
+        if move.tokens is None or self._observation_ids is None:
+            return move.tokens
+        lead = list(self._observation_ids(before.start)) if not before.steps else []
+        tail = list(self._observation_ids(observation))
+        logprobs = move.tokens.logprobs
+        return TurnTokens(
+            (*lead, *move.tokens.ids, *tail),
+            mask=(*[0] * len(lead), *move.tokens.loss_mask, *[0] * len(tail)),
+            logprobs=None if logprobs is None else (*[0.0] * len(lead), *logprobs, *[0.0] * len(tail)),
         )
 
     def _seed_of(self, history: History) -> int:
@@ -195,7 +225,7 @@ class EnvironmentWorker:
             except BaseException:
                 live.close()
                 raise
-            return live, Episode(history.prompt, start)
+            return live, Episode(history.prompt, start, history=history)
         episode = Episode.of(history)
         last = history.turns[-1].state
         assert isinstance(last, EnvTurn)  # Episode.of checked every turn's record
