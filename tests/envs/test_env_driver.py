@@ -18,8 +18,6 @@ from trace_client.envs import Environment, EnvironmentWorker, EnvTurn, Episode, 
 from trace_lab.local import ThreadedService
 from trace_proto import AllocateRequest, Policy, PromptIn
 
-pytest.importorskip("gem")
-
 ROLLOUTS = 2  # per tree: uniform allocation of a budget of ROLLOUTS per prompt
 
 

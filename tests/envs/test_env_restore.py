@@ -36,9 +36,6 @@ from trace_client.envs import (
 )
 from trace_proto import PromptIn
 
-pytest.importorskip("gem")
-pytest.importorskip("gymnasium")
-
 #: Environments whose episodes run several turns, with the actions a scripted policy plays in them.
 GAMES: dict[str, tuple[Callable[[PromptIn], Environment], list[object]]] = {
     "gem-mastermind": (lambda _: GemEnvironment("game:Mastermind-v0-easy"), mastermind_guesses(10, 1)),

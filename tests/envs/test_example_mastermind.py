@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("gem")
-
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "envs" / "mastermind.py"
 
 
