@@ -3,6 +3,7 @@ cache that keeps them between turns."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import sys
 import threading
@@ -20,7 +21,7 @@ _SWAP = threading.Lock()
 
 
 class GlobalRandom:
-    """An environment's own state of Python's global `random` (and of numpy's, when numpy is loaded).
+    """An environment's own state of Python's global `random` (and of numpy's, when numpy is installed).
 
     Some environments draw from the process-global generators (and reseed them in `reset`). Each call
     of such an environment runs with its own state swapped in, and the caller's put back after, so a
@@ -28,12 +29,16 @@ class GlobalRandom:
     """
 
     def __init__(self, seed: int) -> None:
+        # numpy loaded now, when installed: one loaded later (by the environment's own imports) would
+        # leave this environment's first draws from it unseeded
+        with contextlib.suppress(ImportError):
+            import numpy  # noqa: F401
         with _SWAP:
             saved = _global_states()
             random.seed(seed)
-            numpy = sys.modules.get("numpy")
-            if numpy is not None:
-                numpy.random.seed(seed % 2**32)
+            numpy_module = sys.modules.get("numpy")
+            if numpy_module is not None:
+                numpy_module.random.seed(seed % 2**32)
             self.states = _global_states()
             _set_global_states(saved)
 
