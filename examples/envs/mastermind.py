@@ -8,7 +8,8 @@ The game: GEM's `game:Mastermind-v0-easy` made with a 3-digit code over the digi
 6 guesses; each prompt is one secret code (its seed). A rollout's reward is 1.0 when it cracks the code,
 else 0.0. The game draws its code from Python's global `random`, and GEM has no snapshot of its own:
 by default continuations restore a node by replaying its guesses from the seed (each replayed answer
-checked); `--snapshots` deep-copies the game after every turn instead.
+checked); `--snapshots` deep-copies the game after every turn instead; `--cache-size 0` keeps no live
+game between turns, so every turn restores its node (what the cache saves).
 
 The policy stands where an LLM's next turn would go: a scripted stochastic player. Its skill rule,
 fixed once: prompt k has skill s = SKILLS[k % 5]; at each turn, with probability s it guesses a code
@@ -133,7 +134,9 @@ def make_worker(args: argparse.Namespace) -> EnvironmentWorker:
         game = GemEnvironment(GAME, **GAME_KWARGS)
         return DeepCopySnapshots(game) if args.snapshots else game
 
-    return EnvironmentWorker(make_env, ScriptedPlayer(skills, args.seed), outcome=cracked, cache_size=64)
+    return EnvironmentWorker(
+        make_env, ScriptedPlayer(skills, args.seed), outcome=cracked, cache_size=args.cache_size
+    )
 
 
 @contextlib.contextmanager
@@ -227,6 +230,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--snapshots", action="store_true", help="restore by deep copy instead of replay")
+    parser.add_argument(
+        "--cache-size", type=int, default=64, help="live environments kept between turns (0: none)"
+    )
     args = parser.parse_args(argv)
     with service(args.url) as url:
         report(asyncio.run(compare(url, args)))
