@@ -138,6 +138,9 @@ async def test_the_live_state_cache_keeps_its_bound_and_a_dropped_state_is_resto
     assert stats.size <= 2
     assert stats.evictions >= 3
     assert worker.stats.restored_by_replay > 0  # the rollouts whose environments were dropped
+    for history in histories:
+        await rollout(worker, history)
+    assert worker.stats.total.count == 0  # restored, they are still bare rollouts, not continuations
     assert worker.stats.divergences == 0
 
 

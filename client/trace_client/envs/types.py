@@ -101,7 +101,13 @@ class EnvTurn:
     """A turn's record, kept as the `TurnResult.state` the driver hands back in every history that
     continues from the turn: what replay needs (seed, action, what the step gave; the first turn also
     the observation `reset` gave) and, for a snapshot environment, the state after the turn. `node_id`
-    is filled in when the driver records the turn."""
+    is filled in when the driver records the turn.
+
+    The rollout's cost so far rides along (the depth it branched at, its steps and replayed steps), so
+    that a rollout whose live environment the cache dropped still counts as one; `followed` is set by
+    the first turn after this one, which is the same rollout's (a continuation can only be instructed
+    once the rollout is scored), so any later one starts a continuation.
+    """
 
     key: str
     seed: int
@@ -112,6 +118,10 @@ class EnvTurn:
     start: object = None
     snapshot: object = None
     node_id: str | None = field(default=None)
+    branch_depth: int = 0
+    rollout_steps: int = 0
+    rollout_replayed: int = 0
+    followed: bool = False
 
     def step(self) -> Step:
         return Step(self.observation, self.reward, self.done)

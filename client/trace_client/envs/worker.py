@@ -50,8 +50,8 @@ class ContinuationCost:
 
 @dataclass
 class ReplayStats:
-    """What restoring cost. A continuation counts once its rollout ends (by the depth it branched at);
-    a rollout whose environment the cache bound dropped counts as one from where it was restored."""
+    """What restoring cost. A continuation counts once its rollout ends, by the depth it branched at,
+    with every step it took (those that restored an environment the cache bound dropped included)."""
 
     steps: int = 0  # every environment step, bare rollouts' and replayed ones included
     restored_by_snapshot: int = 0
@@ -180,6 +180,9 @@ class EnvironmentWorker:
                 done=step.done,
                 start=episode.start if history.depth == 0 else None,
                 snapshot=None if done else live.snapshot(),
+                branch_depth=live.start_depth,
+                rollout_steps=live.steps,
+                rollout_replayed=live.replayed,
             )
             reward = float(self._outcome(episode)) if done else None
         except BaseException:
@@ -229,10 +232,15 @@ class EnvironmentWorker:
         episode = Episode.of(history)
         last = history.turns[-1].state
         assert isinstance(last, EnvTurn)  # Episode.of checked every turn's record
+        continuation, last.followed = last.followed, True
         cached = self._cache.take((history.tree_id, last.key))
         if cached is not None:
             return cached, episode
-        live = self._fresh(history.prompt, last.seed, start_depth=history.depth)
+        if continuation:
+            live = self._fresh(history.prompt, last.seed, start_depth=history.depth)
+        else:  # the rollout's own next turn, its environment dropped from the cache: its costs go on
+            live = self._fresh(history.prompt, last.seed, start_depth=last.branch_depth)
+            live.steps, live.replayed = last.rollout_steps, last.rollout_replayed
         try:
             if isinstance(last.snapshot, Snapshot):
                 live.restore(last.snapshot)
