@@ -24,6 +24,7 @@ from transformers import PreTrainedTokenizerFast
 from trl import GRPOConfig, GRPOTrainer
 
 from trace_client.driver import History, TurnResult, TurnTokens
+from trace_client.envs import Step
 from trace_client.integrations.trl import (
     RowCapacityError,
     TraceRollout,
@@ -39,6 +40,7 @@ from trace_client.integrations.trl import (
 )
 from trace_client.integrations.trl import rollout as rollout_module
 from trace_lab.local import ThreadedService
+from trace_proto import PromptIn
 from trace_service.allocation.tree import advantages, tree_targets
 
 #: TRL warns that `rollout_func` is experimental: known, and what the integration is written against.
@@ -186,6 +188,7 @@ def test_trainer_settings_that_would_change_the_advantages_are_refused(tmp_path:
 def test_a_rollout_needs_a_scorer_or_its_own_turns() -> None:
     with pytest.raises(ValueError, match="pass score"):
         TraceRollout()
+    TraceRollout(environment_factory=lambda _: Countdown())  # the environment's rewards score it
 
 
 async def test_turns_asked_for_together_are_generated_as_one_batch() -> None:
@@ -243,6 +246,53 @@ def test_a_conversational_prompt_goes_through_the_chat_template() -> None:
     tokenizer = char_tokenizer()
     assert prompt_token_ids([{"role": "user", "content": "q3"}], tokenizer) == tokenizer("q3:")["input_ids"]
     assert prompt_token_ids("q:3", tokenizer) == tokenizer("q:3")["input_ids"]
+
+
+class Countdown:
+    """A toy stateful environment: the observation counts down from 2; at 0 the episode ends, reward 1."""
+
+    def reset(self, seed: int) -> object:
+        self.left = 2
+        return "2"
+
+    def step(self, action: object) -> Step:
+        self.left -= 1
+        return Step(str(self.left), float(self.left == 0), self.left == 0)
+
+    def close(self) -> None:
+        pass
+
+
+async def test_with_an_environment_factory_a_turn_acts_and_its_tokens_go_on_with_the_observation() -> None:
+    tokenizer = char_tokenizer()
+
+    def ids(text: str) -> tuple[int, ...]:
+        return tuple(tokenizer.encode(text, add_special_tokens=False))
+
+    contexts: list[list[int]] = []
+
+    def generate(requests: list[Any]) -> list[list[int]]:
+        contexts.extend(context for context, _ in requests)
+        return [list(ids("5")) for _ in requests]
+
+    rollout = TraceRollout(TraceSettings(turn_tokens=2), environment_factory=lambda _: Countdown())
+    rollout._trainer = SimpleNamespace(processing_class=tokenizer)  # type: ignore[assignment]
+    rollout._batcher = rollout_module._GenerationBatcher(generate)
+    prompt_ids = list(ids("q:1"))
+    rollout._prompts["q"] = ("q:1", prompt_ids)
+    worker = rollout._environment_worker()
+    assert worker is not None
+    history = History(PromptIn(prompt_id="q"), "tree")
+    while history.last_turn is None or not history.last_turn.done:
+        history = history.then(await worker.next_turn(history))
+    assert history.depth == 2
+    assert history.turns[-1].reward == 1.0
+    first, second = (turn.tokens for turn in history.turns)
+    assert first is not None and second is not None
+    assert first.ids == (*ids("2"), *ids("5"), *ids("1"))  # the first observation, the action, the answer
+    assert first.mask == (0,) * len(ids("2")) + (1,) * len(ids("5")) + (0,) * len(ids("1"))
+    assert second.ids == (*ids("5"), *ids("0"))
+    assert contexts == [[*prompt_ids, *ids("2")], [*prompt_ids, *first.ids]]
 
 
 class GuessTheDigit(TraceRollout):

@@ -31,7 +31,9 @@ from verl_support import compose_config, idle_settings, tree_sessions
 
 from trace_client import TraceClient
 from trace_client.driver import History, TurnResult, TurnTokens
+from trace_client.envs import Environment, Step
 from trace_client.integrations import verl as integration
+from trace_client.integrations.verl import agent_loop as verl_agent_loop
 from trace_client.integrations.verl import estimator as trace_estimator
 from trace_client.integrations.verl import replay_buffer as trace_replay_buffer
 from trace_lab import verl_dry_run as dry_run
@@ -372,6 +374,61 @@ async def test_the_default_turn_is_a_chunk_of_tokens_until_the_end_of_sequence(
     assert first.tokens is not None and first.tokens.ids == (40, 41, 42)
     assert server.requests[0]["max_tokens"] == 3 and server.requests[0]["temperature"] == 1.0
     assert server.requests[1]["prompt_ids"] == [*loop.prompt_ids, 40, 41, 42]  # continues after turn 1
+
+
+class Countdown:
+    """A toy stateful environment: the observation counts down from 2; at 0 the episode ends, reward 1."""
+
+    def reset(self, seed: int) -> object:
+        self.left = 2
+        return "2"
+
+    def step(self, action: object) -> Step:
+        self.left -= 1
+        return Step(str(self.left), float(self.left == 0), self.left == 0)
+
+    def close(self) -> None:
+        pass
+
+
+class CountdownLoop(integration.TraceAgentLoop):
+    def make_environment(self, prompt: PromptIn) -> Environment:
+        return Countdown()
+
+
+async def test_a_loop_with_an_environment_acts_on_it_and_its_tokens_go_on_with_the_observation(
+    byte_model: Path,
+) -> None:
+    server = ScriptedServer([[40, 41], [42]])
+    config = compose_config("http://127.0.0.1:1", "++trace.turn_tokens=2", model_dir=byte_model)
+    tokenizer = AutoTokenizer.from_pretrained(byte_model)
+    loop = CountdownLoop(
+        trainer_config=DictConfigWrap(config),
+        server_manager=server,
+        tokenizer=tokenizer,
+        processor=None,
+        dataset_cls=RLHFDataset,
+        data_config=DictConfigWrap(config.data),
+    )
+    loop.row = {"raw_prompt": [{"role": "user", "content": "Count."}]}
+    loop.prompt_ids = await loop.build_prompt_ids()
+    trees = verl_agent_loop._Trees()
+    trees.loops["t"] = loop  # what a tree's first session does; the driver calls the books' next_turn
+    history = History(PromptIn(prompt_id="p"), tree_id="t")
+    while history.last_turn is None or not history.last_turn.done:
+        history = history.then(await trees._next_turn(history))
+    assert history.depth == 2 and history.turns[-1].reward == 1.0
+
+    def ids(text: str) -> tuple[int, ...]:
+        return tuple(tokenizer.encode(text, add_special_tokens=False))
+
+    first, second = (turn.tokens for turn in history.turns)
+    assert first is not None and second is not None
+    assert first.ids == (*ids("2"), 40, 41, *ids("1"))  # the first observation, the action, the answer
+    assert first.mask == (0,) * len(ids("2")) + (1, 1) + (0,) * len(ids("1"))
+    assert second.ids == (42, *ids("0"))
+    assert server.requests[0]["prompt_ids"] == [*loop.prompt_ids, *ids("2")]
+    assert server.requests[1]["prompt_ids"] == [*loop.prompt_ids, *first.ids]
 
 
 async def test_a_prompt_longer_than_the_prompt_length_keeps_its_last_tokens(byte_model: Path) -> None:

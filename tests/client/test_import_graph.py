@@ -11,8 +11,15 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-#: What a trainer imports: the clients, the worker driver, the errors and every adapter.
-TRAINER_MODULES = ["trace_client", "trace_client.client", "trace_client.driver", "trace_client.errors"]
+#: What a trainer imports: the clients, the worker driver, the environment layer, the errors and every
+#: adapter.
+TRAINER_MODULES = [
+    "trace_client",
+    "trace_client.client",
+    "trace_client.driver",
+    "trace_client.envs",
+    "trace_client.errors",
+]
 #: opentelemetry: tracing is opt-in (`instrument_tracing`) and imports it only when called.
 FORBIDDEN = {
     "trace_service",
@@ -27,6 +34,9 @@ FORBIDDEN = {
     "trl",
     "transformers",
     "verl",
+    # the environment adapters import their package when one is made
+    "gem",
+    "gymnasium",
 }
 
 

@@ -59,6 +59,7 @@ from trace_client.driver.types import (
     ProgressCallback,
     Score,
     StepResult,
+    TurnRecorded,
     TurnResult,
     TurnTokens,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "RolloutDriver",
     "Score",
     "StepResult",
+    "TurnRecorded",
     "TurnResult",
     "TurnTokens",
 ]

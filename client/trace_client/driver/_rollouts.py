@@ -44,6 +44,10 @@ class Agent:
             turn = replace(turn, reward=await self._score(history.then(turn)))
         return turn
 
+    def recorded(self, tree_id: str, node_id: str, turn: TurnResult) -> None:
+        if self._driver.on_turn is not None:
+            self._driver.on_turn(tree_id, node_id, turn)
+
     async def _score(self, history: History) -> float:
         if self._driver.score is None:
             raise ValueError("the final turn carries no reward and the driver was given no score callable")
@@ -141,6 +145,7 @@ class Rollouts:
                 turn = await self._agent.next_turn(history)
                 history = history.then(turn)
                 parent = self._outbox.send_turn(tree, parent, instruction, turn, history)
+                self._agent.recorded(tree.tree_id, parent, turn)
                 instruction = None
                 if turn.done:
                     return True

@@ -23,6 +23,7 @@ from trace_client.driver.types import (
     ProgressCallback,
     Score,
     StepResult,
+    TurnRecorded,
 )
 from trace_proto import AllocateRequest, PromptIn, TreeAllocation, TreeResponse
 
@@ -42,6 +43,8 @@ class RolloutDriver:
             turn carries none.
         config: How to run (concurrency, batching, deadlines).
         on_progress: Called with a `Progress` every `config.progress_interval` seconds and at the end.
+        on_turn: Called with `(tree_id, node_id, turn)` as each turn `next_turn` returned is recorded
+            (before it is sent), for a caller that keys its own state by node (`trace_client.envs`).
     """
 
     def __init__(
@@ -52,12 +55,14 @@ class RolloutDriver:
         score: Score | None = None,
         config: DriverConfig | None = None,
         on_progress: ProgressCallback | None = None,
+        on_turn: TurnRecorded | None = None,
     ) -> None:
         self.client = client
         self.next_turn = next_turn
         self.score = score
         self.config = config or DriverConfig()
         self.on_progress = on_progress
+        self.on_turn = on_turn
         self._runs: dict[str, _Run] = {}  # job -> the trees run_tree is running for it
 
     async def run_step(self, request: AllocateRequest) -> StepResult:

@@ -95,6 +95,8 @@ class History:
 
 NextTurn = Callable[[History], TurnResult | Awaitable[TurnResult]]
 Score = Callable[[History], float | Awaitable[float]]
+#: `on_turn(tree_id, node_id, turn)`: told the node id the driver gave each turn, when it is recorded.
+TurnRecorded = Callable[[str, str, TurnResult], None]
 
 
 @dataclass(frozen=True, slots=True)

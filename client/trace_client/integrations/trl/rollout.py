@@ -27,6 +27,7 @@ from trace_client.driver import (
     TurnResult,
     TurnTokens,
 )
+from trace_client.envs import Environment, EnvironmentWorker, Episode, Move
 from trace_client.integrations.gain import gain_metrics
 from trace_client.integrations.trl.rows import (
     PackedSlot,
@@ -184,6 +185,12 @@ class TraceRollout:
     end-of-sequence token, at `max_completion_length` response tokens or at `max_turns` turns, and is
     scored by `score(prompt, response_text)`. For a multi-turn task subclass and override `next_turn`
     (with `generate`, `context_ids`, `prompt`) and, if the last turn carries no reward, `score`.
+
+    For a stateful environment pass `environment_factory(prompt) -> Environment` (`trace_client.envs`):
+    each turn is then `act(episode)` (by default `turn_tokens` generated tokens, decoded, as the
+    action) on the prompt's environment, followed by the observation's tokens (masked out); the reward
+    is the episode's summed environment reward, and a continuation restores its node's environment
+    state (by snapshot, or by a checked replay) before its first turn.
     """
 
     def __init__(
@@ -192,12 +199,16 @@ class TraceRollout:
         *,
         score: CompletionScore | None = None,
         prompt_id: Callable[[Any], str] = stable_prompt_id,
+        environment_factory: Callable[[PromptIn], Environment] | None = None,
     ) -> None:
         overridden = (
             type(self).next_turn is not TraceRollout.next_turn or type(self).score is not TraceRollout.score
         )
-        if score is None and not overridden:
-            raise ValueError("pass score(prompt, response_text), or override next_turn / score")
+        if score is None and not overridden and environment_factory is None:
+            raise ValueError(
+                "pass score(prompt, response_text) or environment_factory, or override next_turn / score"
+            )
+        self.environment_factory = environment_factory
         self.settings = settings or TraceSettings()
         self.score_completion = score
         self.prompt_id = prompt_id
@@ -298,6 +309,35 @@ class TraceRollout:
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         return float(await asyncio.to_thread(self.score_completion, self.prompt(history), text))
 
+    # --- the turn on an environment (with `environment_factory`) --------------------------------------
+
+    async def act(self, episode: Episode) -> Move:
+        """The policy's next action: at most `turn_tokens` tokens generated after the prompt and the
+        episode's tokens so far (the first observation's too, on the first turn), decoded."""
+        history = episode.history
+        if history is None:
+            raise ValueError("act needs the episode's history")
+        context = self.context_ids(history)
+        if not episode.steps:
+            context += self.observation_ids(episode.start)
+        ids = await self.generate(context, self.settings.turn_tokens)
+        return Move(self.tokenizer.decode(ids, skip_special_tokens=True), tokens=TurnTokens(tuple(ids)))
+
+    def observation_ids(self, observation: object) -> list[int]:
+        """An observation's token ids, as the next turn's context (masked out of the loss)."""
+        return list(self.tokenizer.encode(str(observation), add_special_tokens=False))
+
+    def _environment_worker(self) -> EnvironmentWorker | None:
+        if self.environment_factory is None:
+            return None
+        return EnvironmentWorker(
+            self.environment_factory,
+            self.act,
+            max_steps=self.settings.max_turns,
+            cache_size=max(1024, self.settings.concurrency),
+            observation_ids=self.observation_ids,
+        )
+
     # --- helpers for a turn --------------------------------------------------------------------------
 
     def prompt(self, history: History) -> Any:
@@ -373,7 +413,10 @@ class TraceRollout:
         if args.use_vllm:
             problems.append("use_vllm is not supported: the turns are generated with the trainer's model")
         if trainer.tools:
-            problems.append("tools / environment_factory are not supported: tools belong in next_turn")
+            problems.append(
+                "TRL's tools / environment_factory are not supported: pass TraceRollout's"
+                " environment_factory, or call the tools in next_turn"
+            )
         if problems:
             raise ValueError("GRPOTrainer settings TraceRollout cannot train with: " + "; ".join(problems))
 
@@ -400,9 +443,13 @@ class TraceRollout:
             max_turns=self.settings.max_turns,
             step_timeout=self.settings.step_timeout,
         )
+        environments = self._environment_worker()
         try:
             async with AsyncTraceClient(self.settings.url, token=self.settings.token) as client:
-                driver = RolloutDriver(client, self.next_turn, score=self.score, config=config)
+                if environments is None:
+                    driver = RolloutDriver(client, self.next_turn, score=self.score, config=config)
+                else:
+                    driver = environments.driver(client, config=config)
                 result = await driver.run_step(request)
                 stats: JobStats | None = None
                 try:
@@ -411,6 +458,8 @@ class TraceRollout:
                     logger.warning("no trace/gain metrics this step: %s", error)
         finally:
             self._batcher = None
+            if environments is not None:
+                environments.close()
         # the driver fails only the rollouts that met it; a model that cannot generate fails the step
         if batcher.error is not None:
             raise RuntimeError("generating the step's turns failed") from batcher.error

@@ -14,6 +14,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 from trace_client import AsyncTraceClient
 from trace_client.adapters.trajectories import TokenTrajectory, token_trajectories
 from trace_client.driver import FinishedTree, History, RolloutDriver, TurnResult, TurnTokens
+from trace_client.envs import Environment, EnvironmentWorker, Episode, Move
 from trace_client.integrations.verl.manager import TreeTicket
 from trace_client.integrations.verl.names import (
     ADVANTAGES_FIELD,
@@ -28,7 +29,7 @@ from trace_client.integrations.verl.names import (
 )
 from trace_client.integrations.verl.rows import plain_value
 from trace_client.integrations.verl.settings import TraceSettings
-from trace_proto import TreeNode, TreeResponse
+from trace_proto import PromptIn, TreeNode, TreeResponse
 
 
 class TraceAgentLoopOutput(AgentLoopOutput):
@@ -171,12 +172,26 @@ class _Trees:
             settings = loop.trace_settings
             client = AsyncTraceClient(settings.url, token=settings.token or None)
             self.driver = RolloutDriver(
-                client, self._next_turn, score=self._score, config=settings.driver_config()
+                client,
+                self._next_turn,
+                score=self._score,
+                config=settings.driver_config(),
+                on_turn=self._on_turn,
             )
         return self.driver
 
     async def _next_turn(self, history: History) -> TurnResult:
-        return await self.loops[history.tree_id].next_turn(history)
+        loop = self.loops[history.tree_id]
+        environments = loop.environment_worker()
+        if environments is not None:
+            return await environments.next_turn(history)
+        return await loop.next_turn(history)
+
+    def _on_turn(self, tree_id: str, node_id: str, turn: TurnResult) -> None:
+        loop = self.loops.get(tree_id)
+        environments = None if loop is None else loop.environment_worker()
+        if environments is not None:
+            environments.turn_recorded(tree_id, node_id, turn)
 
     async def _score(self, history: History) -> float:
         return await self.loops[history.tree_id].score(history)
@@ -192,6 +207,12 @@ class TraceAgentLoop(AgentLoopBase):
     the end-of-sequence token or when `rollout.response_length` tokens are used. The reward is verl's
     reward function on the decoded response. Subclass and override `next_turn` / `score` (and register
     the subclass in an agent-loop file) for an agent with tools or another reward.
+
+    For an agent acting on a stateful environment (`trace_client.envs`), override `make_environment`
+    instead: each turn is then `act(episode)` (by default `trace.turn_tokens` generated tokens, decoded,
+    as the action) followed by the observation's tokens, masked out; the reward is the episode's summed
+    environment reward; and a continuation restores its node's environment state (by snapshot, or by
+    a checked replay) before its first turn.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -204,6 +225,7 @@ class TraceAgentLoop(AgentLoopBase):
         # the weights versions the inference server reported for this tree's turns
         self.weights_versions: set[int] = set()
         self._reward_fn: Any = None
+        self._environments: EnvironmentWorker | None = None
 
     # verl's TransferQueue worker takes a list (one output per trajectory), though the base annotates one
     async def run(  # type: ignore[override]
@@ -216,7 +238,11 @@ class TraceAgentLoop(AgentLoopBase):
 
     async def run_tree(self, driver: RolloutDriver, ticket: TreeTicket) -> list[list[TraceAgentLoopOutput]]:
         self.prompt_ids = await self.build_prompt_ids()
-        finished = await driver.run_tree(ticket.tree, ticket.prompt, job=ticket.job, step=ticket.step)
+        try:
+            finished = await driver.run_tree(ticket.tree, ticket.prompt, job=ticket.job, step=ticket.step)
+        finally:
+            if self._environments is not None:
+                self._environments.close()
         return session_outputs(
             finished, self.prompt_ids, self.response_length, weights_versions=self.tree_weights(ticket)
         )
@@ -240,12 +266,60 @@ class TraceAgentLoop(AgentLoopBase):
         room = self.response_length - used
         asked = max(1, min(self.trace_settings.turn_tokens, room))
         context = [*self.prompt_ids, *(i for turn in history.turns if turn.tokens for i in turn.tokens.ids)]
+        tokens = await self.generate(history.tree_id, context, asked)
+        ids = tokens.ids
+        tokenizer: Any = self.tokenizer
+        eos = tokenizer.eos_token_id
+        done = not ids or ids[-1] == eos or len(ids) < asked or used + len(ids) >= self.response_length
+        return TurnResult(text=tokenizer.decode(ids, skip_special_tokens=True), done=done, tokens=tokens)
+
+    # --- a stateful environment (override make_environment) -------------------------------------------
+
+    def make_environment(self, prompt: PromptIn) -> Environment:
+        """The prompt's environment (`trace_client.envs`), for an agent acting on one; the default loop
+        has none."""
+        raise NotImplementedError
+
+    def environment_worker(self) -> EnvironmentWorker | None:
+        """The tree's environment rollouts when the loop overrides `make_environment`, else None."""
+        if type(self).make_environment is TraceAgentLoop.make_environment:
+            return None
+        if self._environments is None:
+            self._environments = EnvironmentWorker(
+                self.make_environment,
+                self.act,
+                max_steps=self.trace_settings.max_turns,
+                observation_ids=self.observation_ids,
+            )
+        return self._environments
+
+    async def act(self, episode: Episode) -> Move:
+        """The policy's next action on the environment: at most `trace.turn_tokens` tokens generated
+        after the prompt and the episode's tokens so far (the first observation's too, on the first
+        turn), decoded."""
+        history = episode.history
+        if history is None:
+            raise ValueError("act needs the episode's history")
+        context = [*self.prompt_ids, *(i for turn in history.turns if turn.tokens for i in turn.tokens.ids)]
+        if not episode.steps:
+            context += self.observation_ids(episode.start)
+        tokens = await self.generate(history.tree_id, context, self.trace_settings.turn_tokens)
+        tokenizer: Any = self.tokenizer
+        return Move(tokenizer.decode(tokens.ids, skip_special_tokens=True), tokens=tokens)
+
+    def observation_ids(self, observation: object) -> list[int]:
+        """An observation's token ids, as the next turn's context (masked out of the loss)."""
+        tokenizer: Any = self.tokenizer
+        return list(tokenizer.encode(str(observation), add_special_tokens=False))
+
+    async def generate(self, tree_id: str, context: Sequence[int], asked: int) -> TurnTokens:
+        """At most `asked` tokens after `context` from verl's server, with their log-probabilities."""
         params = {**self.sampling_params, "max_tokens": asked}
         # verl routes by request id (sticky sessions): one tree, one replica, whose prefix cache then
         # serves every continuation branched from the tree's turns
         output = await self.server_manager.generate(
-            request_id=history.tree_id,
-            prompt_ids=context,
+            request_id=tree_id,
+            prompt_ids=list(context),
             sampling_params=params,
         )
         self.weights_versions.update(
@@ -254,15 +328,8 @@ class TraceAgentLoop(AgentLoopBase):
             if output.extra_fields.get(name) is not None
         )
         ids = tuple(int(i) for i in output.token_ids)
-        tokenizer: Any = self.tokenizer
-        eos = tokenizer.eos_token_id
-        done = not ids or ids[-1] == eos or len(ids) < asked or used + len(ids) >= self.response_length
         logprobs = tuple(float(x) for x in output.log_probs) if output.log_probs else None
-        return TurnResult(
-            text=tokenizer.decode(ids, skip_special_tokens=True),
-            done=done,
-            tokens=TurnTokens(ids, logprobs=logprobs),
-        )
+        return TurnTokens(ids, logprobs=logprobs)
 
     async def score(self, history: History) -> float:
         """verl's reward function on the whole response (`reward.custom_reward_function`, else verl's
