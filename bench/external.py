@@ -1,30 +1,30 @@
-"""Mixed groups on environments nobody on the team wrote: Gymnasium's FrozenLake (random slippery maps)
-and Taxi, each prompt one task of the package's own, driven through the service by a scripted
-stochastic agent, every arm its own job of one service.
+"""Mixed groups on environments nobody on the team wrote: Gymnasium's FrozenLake (random maps) and
+Taxi, each prompt one task of the package's own, driven through the service by a scripted stochastic
+agent on the product's environment layer (`trace_client.envs`), every arm its own job of one service.
 
     python bench/external.py                                   # both environments, 3 seeds, see --help
     python bench/external.py --env taxi --seeds 1 --steps 3     # a smoke run
 
 The tasks.  `frozen_lake`: prompt k is the 6×6 map `generate_random_map(size=6, p=0.8, seed=k)` of
-Gymnasium, slippery (a move goes the intended way a third of the time), the rollout ends in a hole, at
-the goal (success) or after 20 turns.  `taxi`: prompt k is Taxi's start `reset(seed=k)` (taxi, passenger
-and destination), the rollout ends at the drop-off (success) or after 25 turns.  The prompt's text is
-what a model would be shown: the map's rows, or Taxi's ANSI rendering of the start.
+Gymnasium; the rollout ends in a hole, at the goal (success) or after 20 turns.  `taxi`: prompt k is
+Taxi's start `reset(seed=k)` (taxi, passenger and destination); the rollout ends at the drop-off
+(success) or after 25 turns.  Both are deterministic given the actions, as a tool environment is given
+an LLM's calls, so every branch's diversity is the agent's.  The prompt's text is what a model would
+be shown: the map's rows, or Taxi's ANSI rendering of the start.
 
 The agent's skill rule, fixed once before the first run and never tuned: with probability `SKILL`
 (0.7 on FrozenLake, 0.6 on Taxi) it takes the action of a shortest path to success from where it
-stands (breadth-first over the package's transition table `P`, FrozenLake by the intended moves), else
-an action drawn uniformly.  It stands for an LLM policy of middling skill; the tasks' difficulty comes
-from the package (the map's holes, the distances to the passenger and the destination), not from us.
+stands (breadth-first over the package's own transitions), else an action drawn uniformly.  It stands
+for an LLM policy of middling skill; the tasks' difficulty comes from the package (the map's holes,
+the distances to the passenger and the destination), not from us.
 
-A turn is one action; its text says the action and what the environment answered.  A continuation
-resumes a prefix from the state its last turn recorded (the toy-text environments' state is one
-integer, set on the environment before the next step) with the agent's own random stream, so branches
-diverge as fresh rollouts from that state would.
+Each turn is one action through `EnvironmentWorker`; a continuation restores its node's environment by
+the worker's checked replay of the prefix from the task's seed, as a user's worker would.
 
-Reported per environment and seed: every arm's mixed groups per generated turn and per rollout over
-GRPO's flat groups (`uniform`: M(1+N) bare rollouts dealt evenly), its mean policy share, and the
-service's gain estimate against the real uniform arm (`uniform_tree`), as `bench/learning.py` does.
+Reported per environment: every arm's mixed groups per generated turn and per rollout over GRPO's flat
+groups (`uniform`: M(1+N) bare rollouts dealt evenly), its mean policy share, the environment steps
+each continuation cost over its depth, and the service's gain estimate against the real uniform arm
+(`uniform_tree`), as `bench/learning.py` reports it.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -50,36 +49,14 @@ from bench.learning import SERVICE_SETTINGS, chosen_arms, fresh_job
 from bench.learning_arms import PILOT_SUFFIX, UNIFORM, Arm
 from bench.protocol import comma_list, mean_spread
 from trace_client import AsyncTraceClient
-from trace_client.driver import DriverConfig, History, RolloutDriver, TurnResult
+from trace_client.driver import DriverConfig, RolloutDriver
+from trace_client.envs import Environment, EnvironmentWorker, Episode, GymnasiumEnvironment, ReplayStats
 from trace_lab.local import RedisServer, ServiceProcess
 from trace_proto import AllocateRequest, GainEstimate, PromptIn
 from trace_service.allocation.gain import ArmSums
 
-FROZEN_LAKE_ACTIONS = ("left", "down", "right", "up")
-TAXI_ACTIONS = ("south", "north", "east", "west", "pickup", "dropoff")
-
-
-class Task:
-    """One Gymnasium toy-text environment family: prompts, the agent's skill rule and a turn."""
-
-    name: str
-    actions: tuple[str, ...]
-    max_turns: int
-    skill: float
-
-    def text(self, prompt: int) -> str:
-        raise NotImplementedError
-
-    def start(self, prompt: int) -> int:
-        """The environment's state at the prompt."""
-        raise NotImplementedError
-
-    def env(self, prompt: int) -> Any:
-        """The package's environment for the prompt (its `unwrapped` one)."""
-        raise NotImplementedError
-
-    def best_action(self, prompt: int, state: int) -> int:
-        raise NotImplementedError
+FROZEN_LAKE_MOVES = ((0, -1), (1, 0), (0, 1), (-1, 0))  # FrozenLake's actions: left, down, right, up
+TAXI_ACTIONS = 6
 
 
 def _distances_to(goal_states: Sequence[int], predecessors: dict[int, list[int]]) -> dict[int, int]:
@@ -95,55 +72,64 @@ def _distances_to(goal_states: Sequence[int], predecessors: dict[int, list[int]]
     return distance
 
 
-class FrozenLake(Task):
-    name, actions, max_turns, skill = "frozen_lake", FROZEN_LAKE_ACTIONS, 20, 0.7
+class Task:
+    """A Gymnasium toy-text task family: prompts, their environments and the skill rule's best action."""
 
-    def __init__(self) -> None:
-        self._envs: dict[int, Any] = {}
-        self._distances: dict[int, dict[int, int]] = {}
-
-    def env(self, prompt: int) -> Any:
-        if prompt not in self._envs:
-            import gymnasium as gym
-            from gymnasium.envs.toy_text.frozen_lake import generate_random_map
-
-            layout = generate_random_map(size=6, p=0.8, seed=prompt)
-            env = gym.make("FrozenLake-v1", desc=layout, is_slippery=True).unwrapped
-            env.reset(seed=prompt)
-            self._envs[prompt] = env
-        return self._envs[prompt]
+    name: str
+    actions: int
+    max_turns: int
+    skill: float
 
     def text(self, prompt: int) -> str:
-        rows = ["".join(c.decode() for c in row) for row in self.env(prompt).desc]
-        return "frozen lake, reach G from S avoiding holes H: " + " / ".join(rows)
+        raise NotImplementedError
 
-    def start(self, _prompt: int) -> int:
-        return 0
+    def make_env(self, prompt: int) -> Environment:
+        raise NotImplementedError
 
     def best_action(self, prompt: int, state: int) -> int:
-        env = self.env(prompt)
+        raise NotImplementedError
+
+
+class FrozenLake(Task):
+    name, actions, max_turns, skill = "frozen_lake", 4, 20, 0.7
+
+    def __init__(self) -> None:
+        self._layouts: dict[int, list[str]] = {}
+        self._distances: dict[int, dict[int, int]] = {}
+
+    def layout(self, prompt: int) -> list[str]:
+        if prompt not in self._layouts:
+            from gymnasium.envs.toy_text.frozen_lake import generate_random_map
+
+            self._layouts[prompt] = generate_random_map(size=6, p=0.8, seed=prompt)
+        return self._layouts[prompt]
+
+    def text(self, prompt: int) -> str:
+        return "frozen lake, reach G from S avoiding holes H: " + " / ".join(self.layout(prompt))
+
+    def make_env(self, prompt: int) -> Environment:
+        return GymnasiumEnvironment("FrozenLake-v1", desc=self.layout(prompt), is_slippery=False)
+
+    def best_action(self, prompt: int, state: int) -> int:
+        rows = self.layout(prompt)
         if prompt not in self._distances:
-            flat = env.desc.flatten()
+            cells = "".join(rows)
             intended: dict[int, list[int]] = {}
-            for s in range(env.observation_space.n):
-                if flat[s] in b"HG":
-                    continue
-                for a in range(4):
-                    intended.setdefault(self._moved(env, s, a), []).append(s)
-            goals = [int(s) for s in np.flatnonzero(flat == b"G")]
-            self._distances[prompt] = _distances_to(goals, intended)
+            for s, cell in enumerate(cells):
+                if cell not in "HG":
+                    for action in range(self.actions):
+                        intended.setdefault(self._moved(rows, s, action), []).append(s)
+            self._distances[prompt] = _distances_to([cells.index("G")], intended)
         distance = self._distances[prompt]
-        far = 10**6
-        return min(range(4), key=lambda a: distance.get(self._moved(env, state, a), far))
+        return min(range(self.actions), key=lambda a: distance.get(self._moved(rows, state, a), 10**6))
 
     @staticmethod
-    def _moved(env: Any, state: int, action: int) -> int:
-        """Where the action would lead without slipping (FrozenLake's own move rule, walls included)."""
-        row, col = divmod(state, env.ncol)
-        d_row, d_col = ((0, -1), (1, 0), (0, 1), (-1, 0))[action]
-        row = min(max(row + d_row, 0), env.nrow - 1)
-        col = min(max(col + d_col, 0), env.ncol - 1)
-        return int(row * env.ncol + col)
+    def _moved(rows: list[str], state: int, action: int) -> int:
+        """Where the action leads (FrozenLake's move rule: a move into the edge stays put)."""
+        size = len(rows)
+        row, col = divmod(state, size)
+        d_row, d_col = FROZEN_LAKE_MOVES[action]
+        return min(max(row + d_row, 0), size - 1) * size + min(max(col + d_col, 0), size - 1)
 
 
 class Taxi(Task):
@@ -152,79 +138,58 @@ class Taxi(Task):
     def __init__(self) -> None:
         import gymnasium as gym
 
-        self._env = gym.make("Taxi-v4", render_mode="ansi").unwrapped
+        self._renderer = gym.make("Taxi-v4", render_mode="ansi")
+        self._table = self._renderer.unwrapped.P
         predecessors: dict[int, list[int]] = {}
-        for s, moves in self._env.P.items():
+        for s, moves in self._table.items():
             for transitions in moves.values():
                 _, after, _, terminated = transitions[0]
-                if terminated:  # -1: the episode's end, the drop-off at the destination
-                    predecessors.setdefault(-1, []).append(s)
-                else:
-                    predecessors.setdefault(after, []).append(s)
+                # -1 stands for the episode's end: the drop-off at the destination.
+                predecessors.setdefault(-1 if terminated else after, []).append(s)
         self._distance = _distances_to([-1], predecessors)
 
-    def env(self, _prompt: int) -> Any:
-        return self._env
-
-    def start(self, prompt: int) -> int:
-        state, _ = self._env.reset(seed=prompt)
-        return int(state)
-
     def text(self, prompt: int) -> str:
-        self._env.s = self.start(prompt)
-        return "taxi: pick up the passenger and drop them at the destination\n" + str(self._env.render())
+        self._renderer.reset(seed=prompt)
+        return "taxi: pick up the passenger and drop them at the destination\n" + str(self._renderer.render())
+
+    def make_env(self, _prompt: int) -> Environment:
+        return GymnasiumEnvironment("Taxi-v4")
 
     def best_action(self, _prompt: int, state: int) -> int:
-        far = 10**6
+        def to_go(action: int) -> int:
+            _, after, _, terminated = self._table[state][action][0]
+            return 0 if terminated else self._distance.get(after, 10**6) + 1
 
-        def after(action: int) -> int:
-            _, nxt, _, terminated = self._env.P[state][action][0]
-            return 0 if terminated else self._distance.get(nxt, far) + 1
-
-        return min(range(len(TAXI_ACTIONS)), key=after)
+        return min(range(self.actions), key=to_go)
 
 
 TASKS = {"frozen_lake": FrozenLake, "taxi": Taxi}
 
 
-@dataclass(frozen=True)
-class EnvState:
-    """Where a rollout stands: the environment's state and the turns taken."""
-
-    state: int
-    turns: int
+def task_of(prompt: PromptIn) -> int:
+    return int(prompt.prompt_id.rsplit("-", 1)[1])
 
 
-class ScriptedAgent:
-    """`next_turn` for the driver: the skill rule on the package's environment."""
+def scripted_worker(task: Task, rng: np.random.Generator) -> EnvironmentWorker:
+    """The skill rule as the policy of an `EnvironmentWorker`: success is a last step that paid."""
 
-    def __init__(self, task: Task, rng: np.random.Generator) -> None:
-        self.task = task
-        self.rng = rng
+    def policy(episode: Episode) -> int:
+        if rng.random() < task.skill:
+            observation = episode.observation
+            assert isinstance(observation, int)
+            return task.best_action(task_of(episode.prompt), observation)
+        return int(rng.integers(task.actions))
 
-    def next_turn(self, history: History) -> TurnResult:
-        prompt = int(history.prompt.prompt_id.rsplit("-", 1)[1])
-        last = history.last_turn
-        here = EnvState(self.task.start(prompt), 0) if last is None else last.state
-        assert isinstance(here, EnvState)
-        if self.rng.random() < self.task.skill:
-            action = self.task.best_action(prompt, here.state)
-        else:
-            action = int(self.rng.integers(len(self.task.actions)))
-        env = self.task.env(prompt)
-        env.s = here.state
-        env.np_random = self.rng  # a continuation draws its own future, as a fresh rollout would
-        state, reward, terminated, _, _ = env.step(action)
-        turns = here.turns + 1
-        success = bool(terminated and reward > 0)
-        done = bool(terminated) or turns >= self.task.max_turns
-        text = f"{self.task.actions[action]} -> state {int(state)}"
-        return TurnResult(
-            text=text,
-            done=done,
-            reward=(1.0 if success else 0.0) if done else None,
-            state=EnvState(int(state), turns),
-        )
+    def success(episode: Episode) -> float:
+        return float(bool(episode.steps) and episode.steps[-1][2] > 0)
+
+    return EnvironmentWorker(
+        lambda prompt: task.make_env(task_of(prompt)),
+        policy,
+        outcome=success,
+        seed=task_of,
+        max_steps=task.max_turns,
+    )
 
 
 @dataclass
@@ -235,6 +200,7 @@ class Tally:
     turns: int = 0
     rollouts: int = 0
     shares: list[float] = field(default_factory=list)
+    replay: ReplayStats | None = None
     policy_trees: ArmSums = field(default_factory=ArmSums)
     control_trees: ArmSums = field(default_factory=ArmSums)
     estimate: GainEstimate | None = None
@@ -252,7 +218,9 @@ async def run_arm_step(
         expansion=arm.expansion,
         policy=arm.policy,
         control_share=arm.control_share,
-        prompts=[PromptIn(prompt_id=f"{task.name}-{k}", text=task.text(k)) for k in pool],
+        prompts=[
+            PromptIn(prompt_id=f"{task.name}-{k}", text=task.text(k), metadata={"seed": k}) for k in pool
+        ],
     )
     result = await driver.run_step(request)
     split = result.allocation.split
@@ -276,11 +244,12 @@ async def run_seed(
     client = AsyncTraceClient(url, timeout=120.0)
     tallies = {arm.name: Tally() for arm in arms}
     jobs = {arm.name: fresh_job("external", task.name, f"s{seed}", arm.name) for arm in arms}
+    workers = {
+        arm.name: scripted_worker(task, np.random.default_rng([seed, *arm.name.encode()])) for arm in arms
+    }
     drivers = {
-        arm.name: RolloutDriver(
-            client,
-            ScriptedAgent(task, np.random.default_rng([seed, *arm.name.encode()])).next_turn,
-            config=DriverConfig(concurrency=4 * arm.budget + 64, step_timeout=args.step_timeout),
+        arm.name: workers[arm.name].driver(
+            client, config=DriverConfig(concurrency=4 * arm.budget + 64, step_timeout=args.step_timeout)
         )
         for arm in arms
     }
@@ -302,6 +271,8 @@ async def run_seed(
             )
         for arm in arms:
             tallies[arm.name].estimate = (await client.job_stats(jobs[arm.name])).gain
+            tallies[arm.name].replay = workers[arm.name].stats
+            workers[arm.name].close()
     finally:
         await client.aclose()
     return tallies
@@ -313,8 +284,10 @@ def ratio(tally: Tally, flat: Tally, unit: str) -> float:
 
 
 def print_summary(results: dict[str, dict[int, dict[str, Tally]]]) -> None:
-    print("\nMixed groups against GRPO's flat groups (uniform), mean ± std over seeds")
+    print("\nMixed groups against GRPO's flat groups (uniform), mean ± std over seeds; environment steps per")
+    print("continuation over its depth (the replay's cost)")
     header = f"{'env':<12} {'arm':<14} {'mixed/turn':>14} {'mixed/rollout':>14} {'policy share':>14}"
+    header += f" {'steps/depth':>12}"
     print(header)
     print("-" * len(header))
     for env, per_seed in results.items():
@@ -324,9 +297,10 @@ def print_summary(results: dict[str, dict[int, dict[str, Tally]]]) -> None:
             per_turn = [ratio(r, f, "turns") for r, f in zip(rows, flats, strict=True)]
             per_rollout = [ratio(r, f, "rollouts") for r, f in zip(rows, flats, strict=True)]
             shares = [statistics.fmean(r.shares) for r in rows]
+            replay = [None if r.replay is None else r.replay.steps_per_depth for r in rows]
             print(
                 f"{env:<12} {name:<14} {mean_spread(per_turn):>14} {mean_spread(per_rollout):>14} "
-                f"{mean_spread(shares):>14}"
+                f"{mean_spread(shares):>14} {mean_spread(replay):>12}"
             )
 
 
