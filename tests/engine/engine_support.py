@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from trace_service.engine import Engine, build_engine
 from trace_service.metrics import Metrics
 from trace_service.predictor import PredictorConfig
-from trace_service.predictor.registry import PredictorRegistry
+from trace_service.predictor.job_predictors import PredictorRegistry
 from trace_service.settings import Settings
 from trace_service.store import TreeStore, connect
 

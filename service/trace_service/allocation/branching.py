@@ -1,6 +1,6 @@
 """One Stage 2 round of one tree, from its targets to its continuations per prefix (pure, no I/O).
 
-The service's Stage 2 (``trace_service.engine.decide``) runs every round through these functions, and
+The service's Stage 2 (``trace_service.engine.stage2_rounds``) runs every round through these functions, and
 the benchmarks' simulated trees call the same ones, so a change to a round's rule is made once:
 
 1. :func:`branch_depth`: how deep the tree may branch: the request's ``max_branch_depth``, and for a

@@ -2,7 +2,7 @@
 
 Each complete tree is one observation ``(x, c)``: ``x`` = 1 when the tree is mixed, ``c`` its cost
 (scored bare rollouts, or turns generated).  Per arm — the policy's trees, and the control trees drawn at
-random for uniform's rules (``allocation.control``) — the rate of mixed groups per unit of cost is the
+random for uniform's rules (``allocation.control_share``) — the rate of mixed groups per unit of cost is the
 ratio estimator ``r = Σx / Σc`` with the delta-method variance
 
     Var(r) ≈ n/(n − 1) · Σ (x − r·c)² / (Σc)²

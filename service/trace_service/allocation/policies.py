@@ -1,6 +1,6 @@
 """Baseline allocation rules behind the same array interface as TRACE, so that the service and the
 benchmarks can A/B them on the same infrastructure; which policy uses which rule is the registry's
-(:mod:`~trace_service.allocation.registry`, docs/allocation.md, "Policies").
+(:mod:`~trace_service.allocation.policy_rules`, docs/allocation.md, "Policies").
 
 Root rules return int64 rollout counts per prompt (0 = skip) whose sum never exceeds the budget;
 branching rules return continuations per candidate prefix.  TRACE itself is

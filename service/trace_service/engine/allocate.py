@@ -17,14 +17,14 @@ from trace_service.allocation import (
     continuation_budget,
     root_value,
 )
-from trace_service.allocation.control import RootPlan, plan_roots
+from trace_service.allocation.control_share import RootPlan, plan_roots
 from trace_service.allocation.trust import Trust
 from trace_service.engine.common import Clock, IdempotencyConflictError, fresh_ids
-from trace_service.engine.control import JobEvidence, trust_map
+from trace_service.engine.evidence import JobEvidence, trust_map
 from trace_service.metrics import OTHER_JOBS, Metrics
 from trace_service.offload import off_loop
 from trace_service.predictor import OutcomeCounts, Query
-from trace_service.predictor.registry import PredictorRegistry
+from trace_service.predictor.job_predictors import PredictorRegistry
 from trace_service.store import NewTree, PromptOutcomes, TreeStore
 
 

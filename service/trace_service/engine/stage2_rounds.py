@@ -25,7 +25,7 @@ from trace_service.engine.completion import Completion
 from trace_service.metrics import Metrics
 from trace_service.offload import off_loop, release
 from trace_service.predictor import OutcomeCounts, Query
-from trace_service.predictor.registry import PredictorRegistry
+from trace_service.predictor.job_predictors import PredictorRegistry
 from trace_service.settings import Settings
 from trace_service.store import StoredTree, TreeMeta, TreeStore
 

@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from trace_service.allocation._validate import IntArray, non_negative_int
-from trace_service.allocation.registry import RootInputs, RootRule
+from trace_service.allocation.policy_rules import RootInputs, RootRule
 
 BoolArray = npt.NDArray[np.bool_]
 
