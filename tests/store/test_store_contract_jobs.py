@@ -8,7 +8,18 @@ import asyncio
 import dataclasses
 
 import pytest
-from store_support import JOB, LEASE, THRESHOLD, apply, codes, meta_of, new_tree, settle_bare, turn
+from store_support import (
+    JOB,
+    LEASE,
+    THRESHOLD,
+    apply,
+    codes,
+    meta_of,
+    new_tree,
+    round_books,
+    settle_bare,
+    turn,
+)
 
 from trace_service.allocation import Reserve
 from trace_service.lifecycle import EventStatus
@@ -110,7 +121,8 @@ async def test_every_key_the_store_writes_expires(store: TreeStore) -> None:
     batch = await settle_bare(store, "t1")
     await store.commit_decision(
         "t1", job=JOB, offered_from=10.0, round=1, token=batch.token, instructions=[("i1", "a1", 1)],
-        predictions={"a1": 0.5}, returned=1, fallback=0, now=10.0,
+        predictions={"a1": 0.5}, books=await round_books(store, "t1", 1, 1), fallback=0,
+        now=10.0,
     )  # fmt: skip
     await store.claim_instructions(JOB, max_items=10, lease=5.0, now=10.0)
     done = await apply(store, "t1", [turn("t1", "c1", "a1", instruction_id="i1", reward=1.0)], now=20.0)

@@ -21,8 +21,9 @@ from redis.exceptions import DataError
 from trace_proto import ExpandEvent
 from trace_proto.v1.limits import MAX_TURNS_PER_HISTORY
 from trace_service.allocation import Reserve
+from trace_service.allocation.books import ClosedRound
 from trace_service.allocation.gain import CONTROL, POLICY, ArmSums
-from trace_service.lifecycle import TreeStatus
+from trace_service.lifecycle import TreeStatus, is_success
 from trace_service.offload import off_loop
 from trace_service.store.keys import KeySpace
 from trace_service.store.predictors import PredictorOperations
@@ -47,8 +48,10 @@ _TREES_PER_CREATE = 512
 _KEYS_PER_DELETE = 1_000
 
 
-def _event_row(event: ExpandEvent) -> list[Any]:
-    """The compact form apply_events.lua reads; "" stands for an absent value."""
+def _event_row(event: ExpandEvent, success_threshold: float) -> list[Any]:
+    """The compact form apply_events.lua reads, with whether the reward is a success; "" stands for an
+    absent value."""
+    success = event.reward is not None and is_success(event.reward, success_threshold)
     return [
         event.event_id,
         event.node_id,
@@ -58,6 +61,7 @@ def _event_row(event: ExpandEvent) -> list[Any]:
         1 if event.done else 0,
         repr(event.reward) if event.reward is not None else "",
         event.instruction_id or "",
+        1 if success else 0,
     ]
 
 
@@ -300,10 +304,9 @@ class TreeStore(PredictorOperations):
                     "apply_events",
                     [keys.meta, keys.nodes, keys.events, keys.instructions, keys.predictions],
                     [
-                        orjson.dumps([_event_row(event) for event in events]),
+                        orjson.dumps([_event_row(event, success_threshold) for event in events]),
                         now,
                         self.tree_ttl,
-                        success_threshold,
                         decision_lease,
                         uuid.uuid4().hex,
                         MAX_TURNS_PER_HISTORY,
@@ -328,16 +331,14 @@ class TreeStore(PredictorOperations):
         token: str,
         instructions: Sequence[tuple[str, str, int]],
         predictions: Mapping[str, float],
-        returned: int,
+        books: ClosedRound,
         fallback: int,
         now: float,
-        expansion_budget: int | None = None,
     ) -> CommittedDecision:
         """Offer the instructions ``(instruction_id, node_id, count)`` in the job's claim queue from
-        ``offered_from`` on, then record the decision if the claim still holds.  Offered before
-        recorded, so that no failure in between can strand them (an offer whose record never happened
-        is dropped when claimed).  ``expansion_budget`` replaces the tree's continuation budget with
-        the decision (its draw from a shared reserve)."""
+        ``offered_from`` on, then record the decision and the tree's ``books`` after it if the claim
+        still holds.  Offered before recorded, so that no failure in between can strand them (an offer
+        whose record never happened is dropped when claimed)."""
         keys = self.keys.tree(tree_id)
         offer = self._offer_calls(job, tree_id, {item[0]: offered_from for item in instructions})
         commit = ScriptCall(
@@ -348,11 +349,13 @@ class TreeStore(PredictorOperations):
                 token,
                 orjson.dumps([list(item) for item in instructions]),
                 orjson.dumps(dict(predictions)) if predictions else "{}",
-                returned,
+                books.returned,
                 fallback,
                 now,
                 self.tree_ttl,
-                -1 if expansion_budget is None else expansion_budget,
+                -1 if books.expansion_budget is None else books.expansion_budget,
+                books.status.value,
+                books.settles_to.value,
             ],
         )
         results = await self.scripts.run_all([*offer, commit], ordered=True)
