@@ -199,10 +199,10 @@ async def test_an_allocation_is_listed_under_its_job_and_step(store: TreeStore) 
 
 
 async def test_the_first_answer_under_an_idempotency_key_wins(store: TreeStore) -> None:
-    assert await store.recall_response(JOB, "k") is None
+    assert (await store.allocation_reads(JOB, [], "k", groups=False)).remembered is None
     assert await store.remember_response(JOB, "k", "f1", '{"first": 1}') == ("f1", '{"first": 1}')
     assert await store.remember_response(JOB, "k", "f2", '{"second": 2}') == ("f1", '{"first": 1}')
-    assert await store.recall_response(JOB, "k") == ("f1", '{"first": 1}')
+    assert (await store.allocation_reads(JOB, [], "k", groups=False)).remembered == ("f1", '{"first": 1}')
 
 
 async def test_prompt_histories_keep_the_streak_of_groups_with_one_outcome(store: TreeStore) -> None:
@@ -291,7 +291,7 @@ async def test_reserve_draws_follow_the_rule_and_are_made_once(store: TreeStore)
         ("t5", 4, 0.5, False, False),
     ]
     reserve = Reserve.of([row[1] for row in rows], [row[2] for row in rows])
-    await store.create_reserve(JOB, "alloc", reserve)
+    await store.create_trees([new_tree("t0")], now=1.0, reserve=reserve)
     for tree_id, share, chance, agrees, can_branch in rows:
         expected, reserve = reserve.draw(share, chance, agrees=agrees, can_branch=can_branch)
         drawn = await store.draw_continuations(
@@ -302,7 +302,7 @@ async def test_reserve_draws_follow_the_rule_and_are_made_once(store: TreeStore)
             JOB, "alloc", tree_id, share=share, mixed_chance=chance, agrees=not agrees, can_branch=True
         )
         assert again == drawn
-        await store.create_reserve(JOB, "alloc", Reserve.of([100], [0.0]))  # changes nothing
+        await store.create_trees([new_tree("t0")], now=1.0, reserve=Reserve.of([100], [0.0]))  # no change
     assert reserve.left == 6  # t5 left its share after the last taker, and cannot branch itself
     assert await store.redis.ttl(store.keys.continuation_reserve(JOB, "alloc")) > 0
 
@@ -311,7 +311,7 @@ async def test_concurrent_draws_never_draw_more_than_the_reserve(store: TreeStor
     """Trees drawing at once (replicas deciding side by side) each draw once, by the rule on the
     state left by the draws recorded before theirs: every draw in some order, never more in all."""
     shares = [3, 5, 2, 4, 6, 1, 3, 4]
-    await store.create_reserve(JOB, "alloc", Reserve.of(shares, [0.25] * len(shares)))
+    await store.create_trees([new_tree("t0")], now=1.0, reserve=Reserve.of(shares, [0.25] * len(shares)))
     drawn = await asyncio.gather(
         *(
             store.draw_continuations(

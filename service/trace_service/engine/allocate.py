@@ -49,29 +49,29 @@ class Allocation:
         self._rng = np.random.default_rng()
 
     async def allocate(self, request: AllocateRequest, idempotency_key: str | None) -> AllocateResponse:
-        """Stage 1.  Trees are created before the answer is remembered under the idempotency key and
-        listed after, so a retry after any failure gets trees that exist; listing is idempotent."""
+        """Stage 1, in at most four store round trips (docs/design.md): every read at once, the reserve
+        and the trees, the answer remembered under the idempotency key, the trees listed.  Trees are
+        created before the answer is remembered and listed after, so a retry after any failure gets
+        trees that exist; listing is idempotent."""
         fingerprint = ""
         if idempotency_key:
             fingerprint = await off_loop(len(request.prompts), request_fingerprint, request)
-            remembered = await self.store.recall_response(request.job, idempotency_key)
-            if remembered is not None:
-                response = _remembered(idempotency_key, fingerprint, remembered)
-                await self._index(request, response)  # in case the first attempt stopped before it
-                return response
+        # A calibrated policy reads Ṽ through the job's trust map; with ε = 0 no random sample anchors
+        # the fit, and Stage 1 reads the predictor as it is.
+        calibrated = POLICIES[request.policy].calibrated and request.control_share > 0
+        reads = await self.store.allocation_reads(
+            request.job, [p.prompt_id for p in request.prompts], idempotency_key, groups=calibrated
+        )
+        if idempotency_key and reads.remembered is not None:
+            response = _remembered(idempotency_key, fingerprint, reads.remembered)
+            await self._index(request, response)  # in case the first attempt stopped before it
+            return response
         with self.metrics.allocate_duration.labels(request.policy.value).time():
-            response, trees = await self._decide_roots(request)
-        now = self.clock()
-        sharing = POLICIES[request.policy].sharing
-        shared = [tree for tree in trees if not tree.control]
-        if sharing is not None and any(t.expansion_budget for t in shared):
-            # Before the trees: none of them can decide Stage 2 before the reserve exists.
-            reserve = Reserve.of(
-                [sharing.split(tree.expansion_budget)[1] for tree in shared],
-                [tree.mixed_chance for tree in shared],
+            trust = (
+                await self.evidence.fitted(reads.control_groups, reads.policy_groups) if calibrated else None
             )
-            await self.store.create_reserve(request.job, response.allocation_id, reserve)
-        await self.store.create_trees(trees, now)
+            response, trees = await self._decide_roots(request, reads.history, trust)
+        await self.store.create_trees(trees, self.clock(), reserve=self._reserve(request, trees))
         if idempotency_key:
             body = response.model_dump_json()
             winner = await self.store.remember_response(request.job, idempotency_key, fingerprint, body)
@@ -85,6 +85,22 @@ class Allocation:
                 await self._index(request, response)
                 return response
         await self._index(request, response)
+        self._count(request, response, trees)
+        return response
+
+    @staticmethod
+    def _reserve(request: AllocateRequest, trees: list[NewTree]) -> Reserve | None:
+        """The allocation's shared continuation reserve, for a sharing policy."""
+        sharing = POLICIES[request.policy].sharing
+        shared = [tree for tree in trees if not tree.control]
+        if sharing is None or not any(t.expansion_budget for t in shared):
+            return None
+        return Reserve.of(
+            [sharing.split(tree.expansion_budget)[1] for tree in shared],
+            [tree.mixed_chance for tree in shared],
+        )
+
+    def _count(self, request: AllocateRequest, response: AllocateResponse, trees: list[NewTree]) -> None:
         job = self.metrics.job_label(request.job)
         self.metrics.allocate_prompts.labels(job, "active").inc(len(response.trees))
         self.metrics.allocate_prompts.labels(job, "skipped").inc(len(response.skipped))
@@ -93,7 +109,6 @@ class Allocation:
         promised.labels(job, "continuation").inc(sum(tree.expansion_budget for tree in trees))
         if response.trust is not None and job != OTHER_JOBS:
             self.metrics.trust_slope.labels(job).set(response.trust.slope)
-        return response
 
     async def _index(self, request: AllocateRequest, response: AllocateResponse) -> None:
         await self.store.index_allocation(
@@ -107,9 +122,10 @@ class Allocation:
             controls=sum(tree.control for tree in response.trees),
         )
 
-    async def _decide_roots(self, request: AllocateRequest) -> tuple[AllocateResponse, list[NewTree]]:
+    async def _decide_roots(
+        self, request: AllocateRequest, history: list[PromptOutcomes], trust: Trust | None
+    ) -> tuple[AllocateResponse, list[NewTree]]:
         prompts = request.prompts
-        history = await self.store.prompt_outcomes(request.job, [p.prompt_id for p in prompts])
         predictor = await self.predictors.get(request.job, warm_from=request.predictor_from)
         encoded = await off_loop(
             len(prompts),
@@ -121,10 +137,6 @@ class Allocation:
             for root, h in zip(encoded, history, strict=True)
         ]
         version, v = await predictor.predict(queries)
-        # A calibrated policy reads Ṽ through the job's trust map; with ε = 0 no random sample anchors
-        # the fit, and Stage 1 reads the predictor as it is.
-        calibrated = POLICIES[request.policy].calibrated and request.control_share > 0
-        trust = await self.evidence.trust(request.job) if calibrated else None
         return await off_loop(
             len(prompts), self._plan_roots, request, history, version, v, predictor.freshness, trust
         )

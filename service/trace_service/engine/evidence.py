@@ -4,8 +4,6 @@ control and policy groups, and the predictor's calibration on control prompts al
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 
 from trace_proto import ControlCalibration, PredictorInfo, TrustMap
@@ -25,9 +23,12 @@ class JobEvidence:
     def __init__(self, store: TreeStore) -> None:
         self.store = store
 
-    async def trust(self, job: str) -> Trust:
-        """The trust map fitted to the job's groups (every prediction alike before any)."""
-        return await _fitted(*await self._groups(job))
+    @staticmethod
+    async def fitted(controls: list[GroupOutcome], policy: list[GroupOutcome]) -> Trust:
+        """The trust map fitted to a job's control and policy groups, off the event loop when they are
+        many."""
+        outcomes = controls + policy
+        return await off_loop(len(outcomes), _fit, outcomes)
 
     async def calibration(self, job: str) -> ControlCalibration | None:
         """The predictor's Brier score on the job's control groups against one constant's; None before
@@ -37,15 +38,9 @@ class JobEvidence:
     async def describe(self, info: PredictorInfo) -> PredictorInfo:
         """``info`` (GET /v1/predictor) with the predictor on its job's control prompts and the trust
         map Stage 1 applies now."""
-        controls, policy = await self._groups(info.job)
-        trust = await _fitted(controls, policy)
+        controls, policy = await self.store.arm_groups(info.job)
+        trust = await self.fitted(controls, policy)
         return info.model_copy(update={"control": _calibration(controls), "trust": trust_map(trust)})
-
-    async def _groups(self, job: str) -> tuple[list[GroupOutcome], list[GroupOutcome]]:
-        """The job's control groups and its policy's, read together."""
-        return await asyncio.gather(
-            self.store.group_outcomes(job, control=True), self.store.group_outcomes(job, control=False)
-        )
 
 
 def _calibration(outcomes: list[GroupOutcome]) -> ControlCalibration | None:
@@ -80,12 +75,6 @@ def _columns(outcomes: list[GroupOutcome]) -> tuple[np.ndarray, np.ndarray, np.n
         np.array([o.successes for o in outcomes], dtype=np.float64),
         np.array([o.trials for o in outcomes], dtype=np.float64),
     )
-
-
-async def _fitted(controls: list[GroupOutcome], policy: list[GroupOutcome]) -> Trust:
-    """The trust map of both arms' groups, fitted off the event loop when they are many."""
-    outcomes = controls + policy
-    return await off_loop(len(outcomes), _fit, outcomes)
 
 
 def _fit(outcomes: list[GroupOutcome]) -> Trust:

@@ -427,6 +427,17 @@ class GroupOutcome:
 
 
 @dataclass(frozen=True)
+class AllocationReads:
+    """What /v1/allocate reads before it decides, in one round trip: the answer remembered under its
+    idempotency key, each prompt's history, and the job's recent groups of each arm (for its trust map)."""
+
+    remembered: tuple[str, str] | None
+    history: list[PromptOutcomes]
+    control_groups: list[GroupOutcome]
+    policy_groups: list[GroupOutcome]
+
+
+@dataclass(frozen=True)
 class AllocationCounts:
     """What one allocation of a step made: prompts offered, trees (``controls`` of them control
     trees), bare rollouts promised."""
