@@ -35,6 +35,7 @@ from trace_service.allocation._validate import FloatArray
 BoolArray = npt.NDArray[np.bool_]
 
 __all__ = [
+    "DEFAULT_SUCCESS_THRESHOLD",
     "FINISHED",
     "LUA_PRELUDE",
     "TRANSITIONS",
@@ -43,6 +44,10 @@ __all__ = [
     "is_mixed",
     "is_success",
 ]
+
+#: A scored leaf whose reward is at or above it is a success, unless the service is configured otherwise
+#: (``TRACE_SUCCESS_THRESHOLD``).
+DEFAULT_SUCCESS_THRESHOLD = 0.5
 
 #: States a tree never leaves.
 FINISHED = frozenset({TreeStatus.COMPLETE, TreeStatus.CLOSED})
