@@ -40,3 +40,15 @@ def test_no_file_is_over_600_lines_and_no_function_over_80() -> None:
                 if length > MAX_FUNCTION_LINES:
                     too_long.append(f"{name}:{node.lineno} {node.name}: {length} lines")
     assert too_long == []
+
+
+def test_no_two_service_modules_share_a_file_name() -> None:
+    """A name says which module it is: the same file name twice in `trace_service` is allowed only for a
+    router beside the engine module it calls (and for packages' `__init__.py`)."""
+    service = ROOT / "service" / "trace_service"
+    by_name: dict[str, list[str]] = {}
+    for path in service.rglob("*.py"):
+        if path.name != "__init__.py":
+            by_name.setdefault(path.name, []).append(path.parent.name)
+    twice = {name: sorted(folders) for name, folders in by_name.items() if len(folders) > 1}
+    assert all(folders == ["engine", "routers"] for folders in twice.values()), twice
