@@ -15,13 +15,13 @@ from trace_lab.sim import Prompt, RolloutState
 from trace_service.allocation import PolicyRules, is_mixed
 from trace_service.allocation.branching import round_candidates
 from trace_service.allocation.tree import ROOT, PrefixCandidates, continuation_flips, tree_targets
-from trace_service.lifecycle import is_success
+from trace_service.lifecycle import DEFAULT_SUCCESS_THRESHOLD, is_success
 
 IntArray = npt.NDArray[np.int64]
 
 #: A leaf at or above this reward is a success: the service's default threshold (a simulator's rewards
 #: are 0 or 1, so any threshold in (0, 1] agrees).
-SUCCESS_THRESHOLD = 0.5
+SUCCESS_THRESHOLD = DEFAULT_SUCCESS_THRESHOLD
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from bench.advantages import ADVANTAGES
-from trace_proto import DEFAULT_CONTROL_SHARE, Policy
+from trace_proto import DEFAULT_CONTROL_SHARE, PREDICTOR_POLICIES, Policy
 from trace_service.allocation import POLICIES, continuation_budget
 
 UNIFORM = "uniform"
@@ -41,8 +41,9 @@ class Arm:
 
     @property
     def reads_predictor(self) -> bool:
-        """Whether its rules read Ṽ (`POLICIES`): only those wait for their job's predictor to train."""
-        return self.policy is not None and POLICIES[self.policy].uses_predictor
+        """Whether its rules read Ṽ (`PREDICTOR_POLICIES`): only those wait for their job's predictor to
+        train."""
+        return self.policy in PREDICTOR_POLICIES
 
     @property
     def waves(self) -> list[int]:

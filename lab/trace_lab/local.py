@@ -67,7 +67,7 @@ def free_ports(count: int) -> list[int]:
 
 
 def wait_for_port(
-    port: int, timeout: float = 10.0, process: subprocess.Popen[bytes] | None = None, log: Path | None = None
+    port: int, timeout: float = 60.0, process: subprocess.Popen[bytes] | None = None, log: Path | None = None
 ) -> None:
     """Until something accepts connections on the loopback `port`; fails at once if `process` (the one
     meant to listen there) exits first.  `log` is where that process writes, for the error message."""
@@ -142,7 +142,7 @@ class RedisServer:
     def log_path(self) -> Path:
         return self.directory / f"redis-{self.port}.log"
 
-    def start(self, timeout: float = 10.0) -> RedisServer:
+    def start(self, timeout: float = 60.0) -> RedisServer:
         if self.process is not None:
             raise RuntimeError(f"redis-server on port {self.port} is already running")
         binary = redis_binary("redis-server")
@@ -205,7 +205,7 @@ class RedisCluster:
         """A seed node's URL: a cluster client discovers the others from it."""
         return f"redis://{LOOPBACK}:{self.ports[0]}"
 
-    def start(self, timeout: float = 20.0) -> RedisCluster:
+    def start(self, timeout: float = 120.0) -> RedisCluster:
         server, cli = redis_binary("redis-server"), redis_binary("redis-cli")
         try:
             for port, bus_port in zip(self.ports, self.bus_ports, strict=True):
@@ -350,7 +350,7 @@ class ThreadedService:
     behind (it ends with the process) and a warning says so.
     """
 
-    def __init__(self, app: ASGIApp, *, start_timeout: float = 30.0, stop_timeout: float = 10.0) -> None:
+    def __init__(self, app: ASGIApp, *, start_timeout: float = 120.0, stop_timeout: float = 10.0) -> None:
         import uvicorn
 
         self.app = app

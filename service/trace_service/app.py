@@ -39,7 +39,7 @@ from trace_service.middleware import (
     RequestContextMiddleware,
 )
 from trace_service.predictor import PredictorConfig
-from trace_service.predictor.registry import PredictorRegistry
+from trace_service.predictor.job_predictors import PredictorRegistry
 from trace_service.routers import allocate, expand, health, predictor, trees
 from trace_service.settings import Settings
 from trace_service.store import TreeStore, connect

@@ -21,7 +21,7 @@ from trace_service.engine import (
     Readiness,
     Trees,
 )
-from trace_service.predictor.registry import PredictorRegistry
+from trace_service.predictor.job_predictors import PredictorRegistry
 from trace_service.settings import Settings
 
 

@@ -7,6 +7,8 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from trace_service.lifecycle import DEFAULT_SUCCESS_THRESHOLD
+
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 LogFormat = Literal["text", "json"]
 
@@ -55,7 +57,9 @@ class Settings(BaseSettings):
         default=120.0, gt=0, description="Instruction lease before it is offered again."
     )
     decision_lease_seconds: float = Field(default=30.0, gt=0, description="Claim on a Stage 2 decision.")
-    success_threshold: float = Field(default=0.5, description="A reward at or above it is a success.")
+    success_threshold: float = Field(
+        default=DEFAULT_SUCCESS_THRESHOLD, description="A reward at or above it is a success."
+    )
     stats_steps: int = Field(
         default=100, ge=1, description="Most recent steps reported by job stats (and its gain estimate)."
     )

@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -109,15 +110,24 @@ def test_serve_with_json_logs_writes_only_json_lines_with_request_ids() -> None:
     }
     command = [sys.executable, "-m", "trace_service.cli", "serve", "--port", str(port)]
     server = subprocess.Popen(command, env=environment, stderr=subprocess.PIPE, text=True)
+    assert server.stderr is not None
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(server.stderr or []), daemon=True)
+    reader.start()
     try:
-        wait_for_port(port, timeout=60.0)
+        wait_for_port(port, timeout=120.0)
         for request_id in ("probe-1", "probe-2"):
             answer = httpx.get(f"http://127.0.0.1:{port}/healthz", headers={"X-Request-ID": request_id})
             assert answer.status_code == 200
-        time.sleep(0.2)  # the access log is written after the answer
+        # the access log is written after the answer: wait for both lines, however busy the machine
+        deadline = time.monotonic() + 120
+        while sum('"uvicorn.access"' in line for line in list(lines)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
     finally:
         server.terminate()
-        _, stderr = server.communicate(timeout=30)
+        server.wait(timeout=60)
+        reader.join(timeout=60)
+    stderr = "".join(lines)
     entries = [json.loads(line) for line in stderr.splitlines()]  # every line parses
     assert {"Started server process", "Application startup complete."} <= {
         entry["message"].split(" [")[0] for entry in entries

@@ -85,3 +85,59 @@ def test_no_client_module_imports_the_service_or_the_lab() -> None:
                 if name.split(".")[0] in {"trace_lab", "trace_service"}
             ]
     assert offenders == []
+
+
+def _module_name(path: Path, package_root: Path) -> str:
+    parts = list(path.relative_to(package_root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _client_imports() -> dict[str, set[str]]:
+    """Each `trace_client` module and the `trace_client` modules it imports anywhere in its source, under
+    `TYPE_CHECKING` and inside functions too (`from package import name` counts as the submodule
+    `package.name` when that is a module, else as the package)."""
+    package_root = ROOT / "client"
+    paths = {_module_name(path, package_root): path for path in (package_root / "trace_client").rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                edges |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                for alias in node.names:
+                    submodule = f"{base}.{alias.name}"
+                    edges.add(submodule if submodule in paths else base)
+        graph[name] = {edge for edge in edges if edge in paths and edge != name}
+    return graph
+
+
+def test_no_import_cycle_among_client_modules_even_for_type_checking() -> None:
+    """A cycle hidden behind `TYPE_CHECKING` is still a cycle: two modules that need each other are one
+    module in two files."""
+    graph = _client_imports()
+    assert "trace_client.driver._events" in graph and graph["trace_client.driver.run"]
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                cycles.append([*path[path.index(target) :], target])
+            elif target not in state:
+                visit(target)
+        path.pop()
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module)
+    assert cycles == []

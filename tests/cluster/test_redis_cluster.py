@@ -69,7 +69,7 @@ def wait_for_published_weights(cluster: RedisCluster, prefix: str, job: str) -> 
     publishes for the first time leaves an immortal key (tests/fault/test_fault_store_windows.py shows
     that bug on its own); waiting keeps it out of these tests."""
     weights = f"{prefix}:{{j:{job}}}:weights"
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 120
     with redis.RedisCluster(host="127.0.0.1", port=cluster.ports[0]) as client:
         while client.ttl(weights) <= 0 and time.monotonic() < deadline:
             time.sleep(0.05)

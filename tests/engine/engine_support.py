@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from trace_service.engine import Engine, build_engine
 from trace_service.metrics import Metrics
 from trace_service.predictor import PredictorConfig
-from trace_service.predictor.registry import PredictorRegistry
+from trace_service.predictor.job_predictors import PredictorRegistry
 from trace_service.settings import Settings
 from trace_service.store import TreeStore, connect
 
@@ -58,11 +58,12 @@ def predictors_of(store: TreeStore, metrics: Metrics, settings: Settings) -> Pre
 
 @contextlib.asynccontextmanager
 async def wire(settings: Settings) -> AsyncIterator[Wired]:
-    """The engine on a fresh in-memory store, with a clock the test moves."""
+    """The engine on a fresh store (in memory unless the settings name a Redis), with a clock the test
+    moves."""
     torch.set_num_threads(1)
     registry = CollectorRegistry()
     metrics = Metrics(registry)
-    store = TreeStore(connect(""), prefix=settings.store_prefix)
+    store = TreeStore(connect(settings.store_url), prefix=settings.store_prefix)
     clock = ManualClock(time.time())
     engine = build_engine(store, predictors_of(store, metrics, settings), settings, metrics, clock=clock)
     try:

@@ -16,7 +16,7 @@ from support import make_settings, rollout
 from trace_proto import AllocateRequest, Policy, PromptIn
 from trace_service.metrics import Metrics
 from trace_service.predictor import Query
-from trace_service.predictor.registry import PredictorRegistry, UnknownPredictorError
+from trace_service.predictor.job_predictors import PredictorRegistry, UnknownPredictorError
 
 PROMPTS = 12
 

@@ -160,7 +160,7 @@ def test_a_tree_completed_before_a_store_failure_still_trains_the_predictor(
             return eventually(lambda: client.predictor_info(job).examples_seen, lambda seen: seen > before)
 
         learned_from_one = complete_a_tree()  # the same tree shape without a failure: the control
-        fail_once(monkeypatch, store_of(replica), "record_prompt_outcome")
+        fail_once(monkeypatch, store_of(replica), "record_completion")
         assert complete_a_tree() == 2 * learned_from_one
 
 

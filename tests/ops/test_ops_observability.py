@@ -366,6 +366,23 @@ class Prometheus:
     def query(self, expression: str) -> dict[str, Any]:
         return self.get("/api/v1/query", query=expression)
 
+    def wait_until_ready(self, server: subprocess.Popen[bytes], deadline_seconds: float) -> None:
+        """Polls ``/-/ready`` until Prometheus answers 200: while it starts it refuses connections, then
+        answers 503 ("Service Unavailable", not JSON) to every API call."""
+        deadline = time.monotonic() + deadline_seconds
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.base_url}/-/ready", timeout=10) as response:
+                    if response.status == 200:
+                        return
+            except OSError:  # not listening yet (URLError), or still starting (HTTPError 503)
+                pass
+            if server.poll() is not None:
+                raise RuntimeError(f"prometheus exited with {server.returncode} before it was ready")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"prometheus was not ready within {deadline_seconds} s")
+            time.sleep(0.2)
+
     def wait_for(self, expression: str, deadline_seconds: float) -> None:
         """Polls until ``expression`` returns a sample: Prometheus scrapes on its own clock."""
         deadline = time.monotonic() + deadline_seconds
@@ -415,15 +432,9 @@ def scraping_prometheus(tmp_path: Path) -> Iterator[Prometheus]:
     )
     try:
         prometheus = Prometheus(f"http://127.0.0.1:{port}")
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                prometheus.wait_for('count_over_time(up{job="trace-rollout"}[1m]) >= 3', 30)
-                break
-            except OSError:  # the server is not listening yet
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise
-                time.sleep(0.2)
+        # Generous deadlines: on a busy machine Prometheus takes long to start and to scrape.
+        prometheus.wait_until_ready(server, 180)
+        prometheus.wait_for('count_over_time(up{job="trace-rollout"}[1m]) >= 3', 180)
         yield prometheus
     finally:
         server.terminate()

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from trace_proto import ExpandEvent
+from trace_service.allocation.books import ClosedRound
 from trace_service.lifecycle import EventStatus
 from trace_service.store import AppliedBatch, NewTree, TreeMeta, TreeStore
 
@@ -83,3 +84,8 @@ async def settle_bare(store: TreeStore, tree_id: str, now: float = 10.0) -> Appl
         [turn(tree_id, "a1"), turn(tree_id, "a2", "a1", reward=1.0), turn(tree_id, "b1", reward=0.0)],
         now,
     )
+
+
+async def round_books(store: TreeStore, tree_id: str, round_: int, placed: int) -> ClosedRound:
+    """The tree's books once round ``round_`` placed ``placed`` continuations (the rest returned)."""
+    return (await meta_of(store, tree_id)).books.open_round(round_).close(placed)

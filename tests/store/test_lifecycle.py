@@ -10,7 +10,7 @@ import pytest
 
 from trace_proto import EventStatus, TreeStatus
 from trace_service.allocation import round_budgets
-from trace_service.allocation.branching import round_share
+from trace_service.allocation.books import round_share
 from trace_service.lifecycle import FINISHED, LUA_PRELUDE, TRANSITIONS, is_mixed, is_success
 from trace_service.store.runner import SCRIPTS, script_source
 
@@ -33,6 +33,15 @@ def test_the_prelude_names_every_status_and_event_code() -> None:
     for code in EventStatus:
         assert f"{code.name} = {int(code)}" in LUA_PRELUDE
     assert "local FINISHED = {closed = true, complete = true}" in LUA_PRELUDE
+
+
+def test_the_prelude_is_data_and_no_script_defines_a_rule_of_the_life_cycle() -> None:
+    """The rules are Python's (``allocation.books``, ``lifecycle.is_success``): the prelude holds names
+    only, and no script computes a budget, a success or a next status of its own."""
+    assert "function" not in LUA_PRELUDE
+    for name, own in own_sources().items():
+        for rule in ("budget_left", "settled_status", "is_success", "threshold"):
+            assert rule not in own, (name, rule)
 
 
 def test_no_script_spells_out_a_status_or_an_event_code() -> None:

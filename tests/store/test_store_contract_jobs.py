@@ -8,7 +8,18 @@ import asyncio
 import dataclasses
 
 import pytest
-from store_support import JOB, LEASE, THRESHOLD, apply, codes, meta_of, new_tree, settle_bare, turn
+from store_support import (
+    JOB,
+    LEASE,
+    THRESHOLD,
+    apply,
+    codes,
+    meta_of,
+    new_tree,
+    round_books,
+    settle_bare,
+    turn,
+)
 
 from trace_service.allocation import Reserve
 from trace_service.lifecycle import EventStatus
@@ -110,7 +121,8 @@ async def test_every_key_the_store_writes_expires(store: TreeStore) -> None:
     batch = await settle_bare(store, "t1")
     await store.commit_decision(
         "t1", job=JOB, offered_from=10.0, round=1, token=batch.token, instructions=[("i1", "a1", 1)],
-        predictions={"a1": 0.5}, returned=1, fallback=0, now=10.0,
+        predictions={"a1": 0.5}, books=await round_books(store, "t1", 1, 1), fallback=0,
+        now=10.0,
     )  # fmt: skip
     await store.claim_instructions(JOB, max_items=10, lease=5.0, now=10.0)
     done = await apply(store, "t1", [turn("t1", "c1", "a1", instruction_id="i1", reward=1.0)], now=20.0)
@@ -187,10 +199,11 @@ async def test_an_allocation_is_listed_under_its_job_and_step(store: TreeStore) 
 
 
 async def test_the_first_answer_under_an_idempotency_key_wins(store: TreeStore) -> None:
-    assert await store.recall_response(JOB, "k") is None
+    assert (await store.allocation_reads(JOB, [], "k", groups=False, totals=False)).remembered is None
     assert await store.remember_response(JOB, "k", "f1", '{"first": 1}') == ("f1", '{"first": 1}')
     assert await store.remember_response(JOB, "k", "f2", '{"second": 2}') == ("f1", '{"first": 1}')
-    assert await store.recall_response(JOB, "k") == ("f1", '{"first": 1}')
+    reads = await store.allocation_reads(JOB, [], "k", groups=False, totals=False)
+    assert reads.remembered == ("f1", '{"first": 1}')
 
 
 async def test_prompt_histories_keep_the_streak_of_groups_with_one_outcome(store: TreeStore) -> None:
@@ -279,7 +292,7 @@ async def test_reserve_draws_follow_the_rule_and_are_made_once(store: TreeStore)
         ("t5", 4, 0.5, False, False),
     ]
     reserve = Reserve.of([row[1] for row in rows], [row[2] for row in rows])
-    await store.create_reserve(JOB, "alloc", reserve)
+    await store.create_trees([new_tree("t0")], now=1.0, reserve=reserve)
     for tree_id, share, chance, agrees, can_branch in rows:
         expected, reserve = reserve.draw(share, chance, agrees=agrees, can_branch=can_branch)
         drawn = await store.draw_continuations(
@@ -290,7 +303,7 @@ async def test_reserve_draws_follow_the_rule_and_are_made_once(store: TreeStore)
             JOB, "alloc", tree_id, share=share, mixed_chance=chance, agrees=not agrees, can_branch=True
         )
         assert again == drawn
-        await store.create_reserve(JOB, "alloc", Reserve.of([100], [0.0]))  # changes nothing
+        await store.create_trees([new_tree("t0")], now=1.0, reserve=Reserve.of([100], [0.0]))  # no change
     assert reserve.left == 6  # t5 left its share after the last taker, and cannot branch itself
     assert await store.redis.ttl(store.keys.continuation_reserve(JOB, "alloc")) > 0
 
@@ -299,7 +312,7 @@ async def test_concurrent_draws_never_draw_more_than_the_reserve(store: TreeStor
     """Trees drawing at once (replicas deciding side by side) each draw once, by the rule on the
     state left by the draws recorded before theirs: every draw in some order, never more in all."""
     shares = [3, 5, 2, 4, 6, 1, 3, 4]
-    await store.create_reserve(JOB, "alloc", Reserve.of(shares, [0.25] * len(shares)))
+    await store.create_trees([new_tree("t0")], now=1.0, reserve=Reserve.of(shares, [0.25] * len(shares)))
     drawn = await asyncio.gather(
         *(
             store.draw_continuations(

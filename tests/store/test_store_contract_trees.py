@@ -7,7 +7,18 @@ import dataclasses
 import itertools
 
 import pytest
-from store_support import JOB, LEASE, THRESHOLD, apply, codes, meta_of, new_tree, settle_bare, turn
+from store_support import (
+    JOB,
+    LEASE,
+    THRESHOLD,
+    apply,
+    codes,
+    meta_of,
+    new_tree,
+    round_books,
+    settle_bare,
+    turn,
+)
 
 from trace_service.lifecycle import TRANSITIONS, EventStatus, TreeStatus
 from trace_service.store import AppliedBatch, TreeStore
@@ -185,7 +196,7 @@ async def test_a_resend_after_the_claim_lapsed_claims_the_same_round_again(store
     assert resent.decision_round == 1 and resent.token not in ("", first.token) and resent.tree is not None
     stale = await store.commit_decision(
         "t1", job=JOB, offered_from=50.0, round=1, token=first.token, instructions=[], predictions={},
-        returned=2, fallback=0, now=50.0,
+        books=await round_books(store, "t1", 1, 0), fallback=0, now=50.0,
     )  # fmt: skip
     assert not stale.recorded
 
@@ -197,13 +208,15 @@ async def test_a_decision_is_recorded_under_its_claim_and_its_continuations_comp
     batch = await settle_bare(store, "t1")
     stale = await store.commit_decision(
         "t1", job=JOB, offered_from=10.0, round=1, token="not-the-claim", instructions=[("i1", "a1", 2)],
-        predictions={"a1": 0.25}, returned=0, fallback=0, now=10.0,
+        predictions={"a1": 0.25}, books=await round_books(store, "t1", 1, 2), fallback=0,
+        now=10.0,
     )  # fmt: skip
     assert not stale.recorded
     assert (await meta_of(store, "t1")).promised == 0
     committed = await store.commit_decision(
         "t1", job=JOB, offered_from=10.0, round=1, token=batch.token, instructions=[("i1", "a1", 2)],
-        predictions={"a1": 0.25}, returned=0, fallback=1, now=10.0,
+        predictions={"a1": 0.25}, books=await round_books(store, "t1", 1, 2), fallback=1,
+        now=10.0,
     )  # fmt: skip
     assert committed.recorded and not committed.completed
     tree = await store.load_tree("t1")
@@ -249,7 +262,8 @@ async def test_a_round_follows_once_the_promised_continuations_are_scored(
     batch = await settle_bare(store, "t1")
     await store.commit_decision(
         "t1", job=JOB, offered_from=10.0, round=1, token=batch.token, instructions=[("i1", "a1", 1)],
-        predictions={}, returned=0, fallback=0, now=10.0,
+        predictions={}, books=await round_books(store, "t1", 1, 1), fallback=0,
+        now=10.0,
     )  # fmt: skip
     after = await apply(store, "t1", [turn("t1", "c1", "a1", instruction_id="i1", reward=0.0)], now=20.0)
     assert (after.status, after.decision_round, after.completed) == (status, next_round, rounds == 1)
@@ -262,7 +276,7 @@ async def test_a_round_that_places_nothing_completes_the_tree(store: TreeStore) 
     batch = await settle_bare(store, "t1")
     committed = await store.commit_decision(
         "t1", job=JOB, offered_from=10.0, round=1, token=batch.token, instructions=[], predictions={},
-        returned=2, fallback=0, now=15.0,
+        books=await round_books(store, "t1", 1, 0), fallback=0, now=15.0,
     )  # fmt: skip
     assert committed.recorded and committed.completed
     meta = await meta_of(store, "t1")
@@ -278,12 +292,14 @@ async def test_a_lapsed_claim_is_taken_over_and_the_old_claim_can_no_longer_comm
     assert round_ == 1 and token != batch.token
     late = await store.commit_decision(
         "t1", job=JOB, offered_from=50.0, round=1, token=batch.token, instructions=[("i1", "a1", 1)],
-        predictions={}, returned=0, fallback=0, now=50.0,
+        predictions={}, books=await round_books(store, "t1", 1, 1), fallback=0,
+        now=50.0,
     )  # fmt: skip
     assert not late.recorded
     won = await store.commit_decision(
         "t1", job=JOB, offered_from=50.0, round=1, token=token, instructions=[("i2", "a1", 2)],
-        predictions={}, returned=0, fallback=0, now=50.0,
+        predictions={}, books=await round_books(store, "t1", 1, 2), fallback=0,
+        now=50.0,
     )  # fmt: skip
     assert won.recorded
     tree = await store.load_tree("t1")
@@ -303,7 +319,8 @@ async def test_closing_ends_any_unfinished_tree_and_drops_its_claim(store: TreeS
     assert round_ == 0
     late = await store.commit_decision(
         "t1", job=JOB, offered_from=14.0, round=1, token=batch.token, instructions=[("i1", "a1", 1)],
-        predictions={}, returned=0, fallback=0, now=14.0,
+        predictions={}, books=await round_books(store, "t1", 1, 1), fallback=0,
+        now=14.0,
     )  # fmt: skip
     assert not late.recorded
     refused = await apply(store, "t2", [turn("t2", "a1")])
@@ -321,14 +338,15 @@ async def test_every_status_change_is_a_transition_of_the_life_cycle(store: Tree
     seen.append(batch.status)
     await store.commit_decision(
         "t1", job=JOB, offered_from=10.0, round=1, token=batch.token, instructions=[("i1", "a1", 1)],
-        predictions={}, returned=0, fallback=0, now=10.0,
+        predictions={}, books=await round_books(store, "t1", 1, 1), fallback=0,
+        now=10.0,
     )  # fmt: skip
     seen.append((await meta_of(store, "t1")).status)
     second = await apply(store, "t1", [turn("t1", "c1", "a1", instruction_id="i1", reward=0.0)], now=20.0)
     seen.append(second.status)
     done = await store.commit_decision(
         "t1", job=JOB, offered_from=20.0, round=2, token=second.token, instructions=[], predictions={},
-        returned=1, fallback=0, now=20.0,
+        books=await round_books(store, "t1", 2, 0), fallback=0, now=20.0,
     )  # fmt: skip
     assert done.completed
     seen.append((await meta_of(store, "t1")).status)

@@ -34,15 +34,25 @@ if TYPE_CHECKING:
     import torch
 
 
+def path_fields(trajectory: TokenTrajectory, response_length: int | None = None) -> dict[str, Any]:
+    """The keyword arguments of verl's `AgentLoopOutput` that one path gives, whoever builds it (without
+    `metrics` and `extra_fields`), cut to `response_length` response tokens when given."""
+    keep = len(trajectory.response_ids) if response_length is None else response_length
+    return {
+        "prompt_ids": list(trajectory.prompt_ids),
+        "response_ids": list(trajectory.response_ids[:keep]),
+        "response_mask": list(trajectory.loss_mask[:keep]),
+        "response_logprobs": None if trajectory.logprobs is None else list(trajectory.logprobs[:keep]),
+        # set, so that verl's reward workers do not score the path again
+        "reward_score": trajectory.reward,
+        "num_turns": trajectory.turns,
+    }
+
+
 def agent_loop_fields(trajectory: TokenTrajectory) -> dict[str, Any]:
     """The keyword arguments of verl's `AgentLoopOutput` for one path (without `metrics`)."""
     return {
-        "prompt_ids": list(trajectory.prompt_ids),
-        "response_ids": list(trajectory.response_ids),
-        "response_mask": list(trajectory.loss_mask),
-        "response_logprobs": None if trajectory.logprobs is None else list(trajectory.logprobs),
-        "reward_score": trajectory.reward,
-        "num_turns": trajectory.turns,
+        **path_fields(trajectory),
         "extra_fields": {
             "uid": trajectory.group,
             "trace_advantages": list(trajectory.advantages),

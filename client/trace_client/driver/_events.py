@@ -6,16 +6,14 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable
+from typing import Final
 
 from trace_client.client import AsyncTraceClient
 from trace_client.driver._books import Tally, Tree, Trees
 from trace_client.driver.types import DriverConfig, History, TurnResult
 from trace_client.errors import TraceAPIError, TraceError, TraceResponseError
-from trace_proto import EventStatus, ExpandEvent, ExpandResponse, RejectedEvent
-
-if TYPE_CHECKING:
-    from trace_client.driver._rollouts import Rollouts
+from trace_proto import EventStatus, ExpandEvent, ExpandResponse, Instruction, RejectedEvent
 
 logger = logging.getLogger(__name__)
 
@@ -196,10 +194,12 @@ class Answers:
     """What the service answered to each batch of events: per event acknowledged or rejected (by its
     `EventStatus`), the batch as a whole refused, inline instructions to start, trees it completed."""
 
-    def __init__(self, trees: Trees, outbox: Outbox, rollouts: Rollouts, tally: Tally) -> None:
+    def __init__(
+        self, trees: Trees, outbox: Outbox, start_instruction: Callable[[Instruction], None], tally: Tally
+    ) -> None:
         self._trees = trees
         self._outbox = outbox
-        self._rollouts = rollouts
+        self._start_instruction = start_instruction
         self._tally = tally
         self.rejected: list[RejectedEvent] = []
 
@@ -213,7 +213,7 @@ class Answers:
             else:
                 self._reject(event, item, owner)
         for instruction in response.instructions:
-            self._rollouts.start_instruction(instruction)
+            self._start_instruction(instruction)
         for tree_id in response.completed:
             tree = self._trees.get(tree_id)
             if tree is not None:

@@ -8,15 +8,12 @@ import logging
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import Final, TypeVar
 
 from trace_client.driver._books import Tally, Tree, Trees
 from trace_client.driver._events import Outbox
-from trace_client.driver.types import History, TurnResult
+from trace_client.driver.types import DriverConfig, History, NextTurn, Score, TurnRecorded, TurnResult
 from trace_proto import Instruction
-
-if TYPE_CHECKING:
-    from trace_client.driver.run import RolloutDriver
 
 logger = logging.getLogger(__name__)
 
@@ -30,14 +27,22 @@ class Agent:
     """The user's callables as the driver calls them: in a worker thread when `threaded`, each call
     within `turn_timeout`, and what they return checked."""
 
-    def __init__(self, driver: RolloutDriver) -> None:
-        # read from the driver at each call, as a caller may swap its callables between calls
-        self._driver = driver
-        self._config = driver.config
+    def __init__(
+        self,
+        next_turn: Callable[[], NextTurn],
+        score: Callable[[], Score | None],
+        on_turn: Callable[[], TurnRecorded | None],
+        config: DriverConfig,
+    ) -> None:
+        # getters, called at each turn: a caller may swap the driver's callables between calls
+        self._next_turn = next_turn
+        self._score_callable = score
+        self._on_turn = on_turn
+        self._config = config
 
     async def next_turn(self, history: History) -> TurnResult:
         """The turn after `history`; a final turn without a reward gets the score's."""
-        turn = await self._call(self._driver.next_turn, history)
+        turn = await self._call(self._next_turn(), history)
         if not isinstance(turn, TurnResult):
             raise TypeError(f"next_turn returned {type(turn).__name__}, not a TurnResult")
         if turn.done and turn.reward is None:
@@ -45,13 +50,16 @@ class Agent:
         return turn
 
     def recorded(self, tree_id: str, node_id: str, turn: TurnResult) -> None:
-        if self._driver.on_turn is not None:
-            self._driver.on_turn(tree_id, node_id, turn)
+        """Tell the user's `on_turn`, if any, that `turn` was recorded as `node_id`."""
+        on_turn = self._on_turn()
+        if on_turn is not None:
+            on_turn(tree_id, node_id, turn)
 
     async def _score(self, history: History) -> float:
-        if self._driver.score is None:
+        score = self._score_callable()
+        if score is None:
             raise ValueError("the final turn carries no reward and the driver was given no score callable")
-        reward = await self._call(self._driver.score, history)
+        reward = await self._call(score, history)
         if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
             raise ValueError(f"score returned {reward!r}, not a finite number")
         return float(reward)
@@ -77,9 +85,11 @@ class Rollouts:
     to a leaf and sends every turn as an event; a failure becomes a failure leaf. Bare rollouts start
     with their tree, continuations from an instruction's node."""
 
-    def __init__(self, driver: RolloutDriver, trees: Trees, outbox: Outbox, tally: Tally) -> None:
-        self._config = driver.config
-        self._agent = Agent(driver)
+    def __init__(
+        self, agent: Agent, config: DriverConfig, trees: Trees, outbox: Outbox, tally: Tally
+    ) -> None:
+        self._config = config
+        self._agent = agent
         self._trees = trees
         self._outbox = outbox
         self._tally = tally

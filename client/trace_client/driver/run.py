@@ -13,7 +13,7 @@ from typing import Final
 from trace_client.client import AsyncTraceClient
 from trace_client.driver._books import Tally, Tree, Trees
 from trace_client.driver._events import Answers, Outbox, Reporter
-from trace_client.driver._rollouts import Rollouts
+from trace_client.driver._rollouts import Agent, Rollouts
 from trace_client.driver._supervisor import Supervisor
 from trace_client.driver.types import (
     DriverConfig,
@@ -151,8 +151,9 @@ class _Run:
         self.trees = Trees(self._tally)
         self._reporter = Reporter(self._client, self._config)
         outbox = Outbox(self._reporter, self.trees)
-        self.rollouts = Rollouts(driver, self.trees, outbox, self._tally)
-        self.answers = Answers(self.trees, outbox, self.rollouts, self._tally)
+        agent = Agent(lambda: driver.next_turn, lambda: driver.score, lambda: driver.on_turn, self._config)
+        self.rollouts = Rollouts(agent, self._config, self.trees, outbox, self._tally)
+        self.answers = Answers(self.trees, outbox, self.rollouts.start_instruction, self._tally)
         self._supervisor = Supervisor(self._client, self._config, job, self.trees, self.rollouts)
         self._background: list[asyncio.Task[None]] = []
 

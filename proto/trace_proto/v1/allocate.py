@@ -45,8 +45,8 @@ class Policy(StrEnum):
       rollouts, from the predictor; 0 skips a prompt) and TRACE Stage 2 (branch where a continuation
       most likely flips the observed outcome), each tree spending its own `expansion_budget`. Chosen
       by what a policy-gradient learner gains per generated token on held-out tasks.
-    - `trace_paper`: the paper's TRACE, the same rules as `trace` today; it keeps them if the default
-      moves.
+    - `trace_paper`: the paper's TRACE: `trace`'s Stage 1 and Stage 2 reading the predictor as it is,
+      with no trust map (`trace` reads it through one fitted to the job's control groups).
     - `trace_joint`: TRACE with Stage 1's joint objective (the expected mixed trees, counting the
       contrast the prompt's Stage 2 continuations will add, at the freshness learned from earlier
       trees), with half of each tree's `expansion_budget` shared per allocation: every tree keeps

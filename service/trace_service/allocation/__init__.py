@@ -8,7 +8,7 @@ from trace_service.allocation.policies import (
     random_branching,
     uniform_roots,
 )
-from trace_service.allocation.registry import (
+from trace_service.allocation.policy_rules import (
     POLICIES,
     Need,
     PolicyRules,

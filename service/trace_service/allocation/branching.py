@@ -1,6 +1,6 @@
 """One Stage 2 round of one tree, from its targets to its continuations per prefix (pure, no I/O).
 
-The service's Stage 2 (``trace_service.engine.decide``) runs every round through these functions, and
+The service's Stage 2 (``trace_service.engine.stage2_rounds``) runs every round through these functions, and
 the benchmarks' simulated trees call the same ones, so a change to a round's rule is made once:
 
 1. :func:`branch_depth`: how deep the tree may branch: the request's ``max_branch_depth``, and for a
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trace_service.allocation import PolicyRules, PrefixInputs, PrefixPlacement, is_mixed, round_budgets
+from trace_service.allocation import PolicyRules, PrefixInputs, PrefixPlacement, is_mixed
 from trace_service.allocation._validate import FloatArray
 from trace_service.allocation.tree import PrefixCandidates, TreeTargets, prefix_candidates
 
@@ -37,14 +37,6 @@ def round_candidates(
 ) -> PrefixCandidates:
     """The tree's branching candidates within :func:`branch_depth`, in node order."""
     return prefix_candidates(targets, branch_depth(rules, requested, bare_successes, bare_trials))
-
-
-def round_share(left: int, expansion_budget: int, rounds: int, round_: int) -> int:
-    """Continuations round ``round_`` (from 1) may place: what is ``left`` of the tree's budget (the
-    store counts it) less what the later rounds of :func:`~trace_service.allocation.round_budgets` keep,
-    ``left − Σ_{r > round} b_r``, never negative."""
-    later = sum(round_budgets(expansion_budget, rounds)[round_:])
-    return max(left - later, 0)
 
 
 def can_branch(candidates: PrefixCandidates) -> bool:

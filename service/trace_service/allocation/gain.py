@@ -4,7 +4,7 @@ Each complete tree is one observation ``(x, c)``: ``x`` = 1 when the tree is mix
 (scored bare rollouts, or turns generated).  The sums are kept per step and arm (:class:`ArmSums`), and
 an estimate reads a window of steps, each step ``s`` with a weight ``w_s`` (1 for the job's statistics,
 a decay with age for the split of the next allocation, ``allocation.split``).  Per arm — the policy's
-trees, and the control trees drawn at random for uniform's rules (``allocation.control``) — the rate of
+trees, and the control trees drawn at random for uniform's rules (``allocation.control_share``) — the rate of
 mixed groups per unit of cost is the ratio estimator
 
     r = Σ w x / Σ w c,

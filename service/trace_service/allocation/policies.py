@@ -1,6 +1,6 @@
 """Baseline allocation rules behind the same array interface as TRACE, so that the service and the
 benchmarks can A/B them on the same infrastructure; which policy uses which rule is the registry's
-(:mod:`~trace_service.allocation.registry`, docs/allocation.md, "Policies").
+(:mod:`~trace_service.allocation.policy_rules`, docs/allocation.md, "Policies").
 
 Root rules return int64 rollout counts per prompt (0 = skip) whose sum never exceeds the budget;
 branching rules return continuations per candidate prefix.  TRACE itself is
@@ -25,6 +25,27 @@ from trace_service.allocation.stage2 import spread_evenly
 from trace_service.allocation.stats import mixed_groups
 
 
+def uniform_prompts(
+    n_prompts: int, budget: int, *, min_rollouts: int, max_rollouts: int, max_prompts: int | None
+) -> int:
+    """How many prompts uniform allocation serves: ``k = min(B, max_prompts, ⌊M / m_min⌋)``."""
+    return min(
+        check_limits(n_prompts, budget, min_rollouts, max_rollouts, max_prompts), budget // min_rollouts
+    )
+
+
+def uniform_group_size(
+    n_prompts: int, budget: int, *, min_rollouts: int, max_rollouts: int, max_prompts: int | None
+) -> int:
+    """The group size uniform allocation gives at this budget: ``min(⌊M / k⌋, m_max)`` over its
+    :func:`uniform_prompts` k (the first of them take one more when M does not divide); 0 when no
+    prompt can have ``m_min``."""
+    prompts = uniform_prompts(
+        n_prompts, budget, min_rollouts=min_rollouts, max_rollouts=max_rollouts, max_prompts=max_prompts
+    )
+    return min(budget // prompts, max_rollouts) if prompts else 0
+
+
 def uniform_roots(
     n_prompts: int,
     budget: int,
@@ -40,13 +61,17 @@ def uniform_roots(
     of prompts allowed at all — restrict them), then the budget is dealt evenly over them up to
     ``max_rollouts``; the first prompts take the remainder, so counts differ by at most one.
     """
-    cap = check_limits(
-        non_negative_int(n_prompts, "n_prompts"), budget, min_rollouts, max_rollouts, max_prompts
+    prompts = uniform_prompts(
+        non_negative_int(n_prompts, "n_prompts"),
+        budget,
+        min_rollouts=min_rollouts,
+        max_rollouts=max_rollouts,
+        max_prompts=max_prompts,
     )
     allowed = np.ones(n_prompts, dtype=bool) if keep is None else np.asarray(keep, dtype=bool)
     if allowed.shape != (n_prompts,):
         raise ValueError(f"keep must have shape ({n_prompts},), got {allowed.shape}")
-    active = np.flatnonzero(allowed)[: min(cap, budget // min_rollouts)]
+    active = np.flatnonzero(allowed)[:prompts]
     counts = np.zeros(n_prompts, dtype=np.int64)
     if active.size:
         eligible = np.zeros(n_prompts, dtype=bool)

@@ -1,7 +1,7 @@
 """How much of an allocation follows the policy's rule, from the job's own evidence (pure).
 
 Each allocation of a job is a two-armed experiment: a share ``π`` of its bare rollouts follows the
-policy's rule and the rest, the *control* trees, uniform's (``allocation.control``).  Both arms are
+policy's rule and the rest, the *control* trees, uniform's (``allocation.control_share``).  Both arms are
 random samples of what their rule does on the job's pools, so the job's complete trees estimate, without
 bias, the gain ``R`` of the policy over uniform in mixed groups per generated turn
 (``allocation.gain``).  The next allocation's share is the probability, on that evidence, that the

@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from trace_service.allocation._validate import FloatArray, IntArray
-from trace_service.lifecycle import is_mixed, is_success
+from trace_service.lifecycle import DEFAULT_SUCCESS_THRESHOLD, is_mixed, is_success
 
 ROOT = -1
 
@@ -46,7 +46,7 @@ class TreeTargets:
 
 
 def tree_targets(
-    parent: npt.ArrayLike, reward: npt.ArrayLike, *, success_threshold: float = 0.5
+    parent: npt.ArrayLike, reward: npt.ArrayLike, *, success_threshold: float = DEFAULT_SUCCESS_THRESHOLD
 ) -> TreeTargets:
     """Compute depths, visit and success counts and recursive targets ``V̂`` for every node.
 
@@ -156,7 +156,7 @@ def continuation_flips(
     bare: npt.ArrayLike,
     predicted_root: float,
     *,
-    success_threshold: float = 0.5,
+    success_threshold: float = DEFAULT_SUCCESS_THRESHOLD,
 ) -> tuple[int, float]:
     """How often one tree's continuations flipped the outcome they branched from, and how often fresh
     rollouts from the root would have: ``(flips, fresh_flips)``.

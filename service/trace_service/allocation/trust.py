@@ -1,7 +1,7 @@
 """How far Stage 1 trusts the predictor on one job: a calibration map fitted to the job's recent bare
 groups (pure numpy).
 
-Control prompts are drawn at random from the pool (``allocation.control``), so their outcomes against
+Control prompts are drawn at random from the pool (``allocation.control_share``), so their outcomes against
 the prediction made for them at allocation are an unbiased sample of how the predictor does on this
 job, the prompts the policy would skip included.  The policy's groups join them: it chose its prompts by
 their predictions alone, so outcomes given predictions are the same among them (a regression on v stays

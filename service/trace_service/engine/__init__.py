@@ -4,9 +4,10 @@ and ``trace_service.allocation.tree``.
 
 - ``allocate``: POST /v1/allocate (idempotency, predictions, Stage 1)
 - ``intake``: POST /v1/expand (events, the follow-ups they make due, re-offers)
-- ``decide``: one Stage 2 round of one tree, decided (``trace_service.allocation.branching``) and recorded
+- ``stage2_rounds``: one Stage 2 round of one tree, decided (``trace_service.allocation.branching``)
+  and recorded
 - ``completion``: the bookkeeping once a tree is finished
-- ``control``: what a job's finished groups say (its trust map; the predictor's calibration on control
+- ``evidence``: what a job's finished groups say (its trust map; the predictor's calibration on control
   prompts)
 - ``instructions``: GET /v1/instructions (leases)
 - ``maintenance``: the sweeper
@@ -22,15 +23,15 @@ from dataclasses import dataclass
 from trace_service.engine.allocate import Allocation
 from trace_service.engine.common import Clock, IdempotencyConflictError, NotFoundError
 from trace_service.engine.completion import Completion
-from trace_service.engine.control import JobEvidence
-from trace_service.engine.decide import Stage2
+from trace_service.engine.evidence import JobEvidence
 from trace_service.engine.instructions import Instructions
 from trace_service.engine.intake import Intake
 from trace_service.engine.maintenance import Sweeper
 from trace_service.engine.queries import Jobs, JobStatistics, Predictions, Trees
 from trace_service.engine.readiness import Readiness
+from trace_service.engine.stage2_rounds import Stage2
 from trace_service.metrics import Metrics
-from trace_service.predictor.registry import PredictorRegistry
+from trace_service.predictor.job_predictors import PredictorRegistry
 from trace_service.settings import Settings
 from trace_service.store import TreeStore
 

@@ -17,15 +17,15 @@ from trace_service.allocation import (
     continuation_budget,
     root_value,
 )
-from trace_service.allocation.control import RootPlan, plan_roots
+from trace_service.allocation.control_share import RootPlan, plan_roots
 from trace_service.allocation.split import Split
 from trace_service.allocation.trust import Trust
 from trace_service.engine.common import Clock, IdempotencyConflictError, fresh_ids
-from trace_service.engine.control import JobEvidence, budget_split, trust_map
+from trace_service.engine.evidence import JobEvidence, budget_split, trust_map
 from trace_service.metrics import OTHER_JOBS, Metrics
 from trace_service.offload import off_loop
 from trace_service.predictor import OutcomeCounts, Query
-from trace_service.predictor.registry import PredictorRegistry
+from trace_service.predictor.job_predictors import PredictorRegistry
 from trace_service.store import NewTree, PromptOutcomes, TreeStore
 
 
@@ -50,29 +50,34 @@ class Allocation:
         self._rng = np.random.default_rng()
 
     async def allocate(self, request: AllocateRequest, idempotency_key: str | None) -> AllocateResponse:
-        """Stage 1.  Trees are created before the answer is remembered under the idempotency key and
-        listed after, so a retry after any failure gets trees that exist; listing is idempotent."""
+        """Stage 1, in at most four store round trips (docs/design.md): every read at once, the reserve
+        and the trees, the answer remembered under the idempotency key, the trees listed.  Trees are
+        created before the answer is remembered and listed after, so a retry after any failure gets
+        trees that exist; listing is idempotent."""
         fingerprint = ""
         if idempotency_key:
             fingerprint = await off_loop(len(request.prompts), request_fingerprint, request)
-            remembered = await self.store.recall_response(request.job, idempotency_key)
-            if remembered is not None:
-                response = _remembered(idempotency_key, fingerprint, remembered)
-                await self._index(request, response)  # in case the first attempt stopped before it
-                return response
+        # A calibrated policy reads Ṽ through the job's trust map; with ε = 0 no random sample anchors
+        # the fit, and Stage 1 reads the predictor as it is.
+        calibrated = POLICIES[request.policy].calibrated and request.control_share > 0
+        reads = await self.store.allocation_reads(
+            request.job,
+            [p.prompt_id for p in request.prompts],
+            idempotency_key,
+            groups=calibrated,
+            totals=request.control_share > 0,
+        )
+        if idempotency_key and reads.remembered is not None:
+            response = _remembered(idempotency_key, fingerprint, reads.remembered)
+            await self._index(request, response)  # in case the first attempt stopped before it
+            return response
         with self.metrics.allocate_duration.labels(request.policy.value).time():
-            response, trees = await self._decide_roots(request)
-        now = self.clock()
-        sharing = POLICIES[request.policy].sharing
-        shared = [tree for tree in trees if not tree.control]
-        if sharing is not None and any(t.expansion_budget for t in shared):
-            # Before the trees: none of them can decide Stage 2 before the reserve exists.
-            reserve = Reserve.of(
-                [sharing.split(tree.expansion_budget)[1] for tree in shared],
-                [tree.mixed_chance for tree in shared],
+            trust = (
+                await self.evidence.fitted(reads.control_groups, reads.policy_groups) if calibrated else None
             )
-            await self.store.create_reserve(request.job, response.allocation_id, reserve)
-        await self.store.create_trees(trees, now)
+            split = self.evidence.split(reads.step_totals, request.step, request.control_share)
+            response, trees = await self._decide_roots(request, reads.history, split, trust)
+        await self.store.create_trees(trees, self.clock(), reserve=self._reserve(request, trees))
         if idempotency_key:
             body = response.model_dump_json()
             winner = await self.store.remember_response(request.job, idempotency_key, fingerprint, body)
@@ -86,6 +91,22 @@ class Allocation:
                 await self._index(request, response)
                 return response
         await self._index(request, response)
+        self._count(request, response, trees)
+        return response
+
+    @staticmethod
+    def _reserve(request: AllocateRequest, trees: list[NewTree]) -> Reserve | None:
+        """The allocation's shared continuation reserve, for a sharing policy."""
+        sharing = POLICIES[request.policy].sharing
+        shared = [tree for tree in trees if not tree.control]
+        if sharing is None or not any(t.expansion_budget for t in shared):
+            return None
+        return Reserve.of(
+            [sharing.split(tree.expansion_budget)[1] for tree in shared],
+            [tree.mixed_chance for tree in shared],
+        )
+
+    def _count(self, request: AllocateRequest, response: AllocateResponse, trees: list[NewTree]) -> None:
         job = self.metrics.job_label(request.job)
         self.metrics.allocate_prompts.labels(job, "active").inc(len(response.trees))
         self.metrics.allocate_prompts.labels(job, "skipped").inc(len(response.skipped))
@@ -97,7 +118,6 @@ class Allocation:
                 self.metrics.trust_slope.labels(job).set(response.trust.slope)
             if response.split is not None:
                 self.metrics.policy_share.labels(job).set(response.split.policy_share)
-        return response
 
     async def _index(self, request: AllocateRequest, response: AllocateResponse) -> None:
         await self.store.index_allocation(
@@ -112,9 +132,10 @@ class Allocation:
             policy_share=1.0 if response.split is None else response.split.policy_share,
         )
 
-    async def _decide_roots(self, request: AllocateRequest) -> tuple[AllocateResponse, list[NewTree]]:
+    async def _decide_roots(
+        self, request: AllocateRequest, history: list[PromptOutcomes], split: Split, trust: Trust | None
+    ) -> tuple[AllocateResponse, list[NewTree]]:
         prompts = request.prompts
-        history = await self.store.prompt_outcomes(request.job, [p.prompt_id for p in prompts])
         predictor = await self.predictors.get(request.job, warm_from=request.predictor_from)
         encoded = await off_loop(
             len(prompts),
@@ -126,12 +147,6 @@ class Allocation:
             for root, h in zip(encoded, history, strict=True)
         ]
         version, v = await predictor.predict(queries)
-        # A calibrated policy reads Ṽ through the job's trust map; with ε = 0 no random sample anchors
-        # the fit, and Stage 1 reads the predictor as it is.
-        calibrated = POLICIES[request.policy].calibrated and request.control_share > 0
-        split, trust = await self.evidence.for_allocation(
-            request.job, request.step, request.control_share, calibrated=calibrated
-        )
         return await off_loop(
             len(prompts), self._plan_roots, request, history, version, v, predictor.freshness, split, trust
         )

@@ -23,8 +23,8 @@ class Completion:
         meta = meta or (await self.store.load_metas([tree_id]))[0]
         if meta is None:
             return
-        counted = await self.store.record_prompt_outcome(meta, self.evidence_window)
-        await self.store.push_completed(meta.job, tree_id)
+        # Two round trips: the bookkeeping, then (only once it stands) leaving the open list.
+        counted = await self.store.record_completion(meta, self.evidence_window)
         if counted:
             job = self.metrics.job_label(meta.job)
             self.metrics.trees_completed.labels(job, "true" if meta.mixed else "false").inc()

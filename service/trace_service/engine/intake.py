@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from trace_proto import ExpandEvent, ExpandResponse, Instruction, RejectedEvent
 from trace_service.engine.common import Clock
 from trace_service.engine.completion import Completion
-from trace_service.engine.decide import Stage2
+from trace_service.engine.stage2_rounds import Stage2
 from trace_service.lifecycle import EventStatus, TreeStatus
 from trace_service.metrics import Metrics
 from trace_service.offload import release

@@ -8,7 +8,7 @@ from redis.exceptions import RedisError
 
 from trace_service.engine.common import Clock
 from trace_service.engine.completion import Completion
-from trace_service.engine.decide import Stage2
+from trace_service.engine.stage2_rounds import Stage2
 from trace_service.settings import Settings
 from trace_service.store import TreeProgress, TreeStore
 

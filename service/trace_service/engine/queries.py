@@ -23,12 +23,12 @@ from trace_service.allocation.gain import CONTROL, POLICY, ArmSums, Unit, gain_r
 from trace_service.allocation.tree import advantages
 from trace_service.engine.common import Clock, NotFoundError
 from trace_service.engine.completion import Completion
-from trace_service.engine.control import JobEvidence
+from trace_service.engine.evidence import JobEvidence
 from trace_service.lifecycle import FINISHED
 from trace_service.metrics import GAIN_BOUNDS, GAIN_UNITS, OTHER_JOBS, Metrics, gauge_value
 from trace_service.offload import off_loop
 from trace_service.predictor import OutcomeCounts, Query, Turn
-from trace_service.predictor.registry import PredictorRegistry
+from trace_service.predictor.job_predictors import PredictorRegistry
 from trace_service.settings import Settings
 from trace_service.store import AllocationCounts, StoredTree, TreeMeta, TreeStore
 

@@ -11,7 +11,7 @@ from redis.exceptions import RedisError
 from trace_proto import Ready
 from trace_service.metrics import Metrics
 from trace_service.predictor import Query
-from trace_service.predictor.registry import PredictorRegistry
+from trace_service.predictor.job_predictors import PredictorRegistry
 from trace_service.store import TreeStore
 
 logger = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ predictive value takes. ``predict`` never waits for training: each call uses one
 Training steps are bounded by ``replay_ratio`` samples per example added, so calling ``train_round`` in
 a loop is safe. Modules: ``features`` (stable hashed n-grams, incremental encoding), ``model`` (torch
 network and batching), ``config`` (its settings), ``examples`` (training examples, groups, buffers),
-``calibration`` (the Beta prior and its fit), ``training`` (online training, versions, checkpoints),
+``calibration`` (the Beta prior and its fit), ``success_predictor`` (online training, versions, checkpoints),
 ``checkpoint`` (the checksummed format), ``checkpoint_content`` (a checkpoint's header and the trainer's
 state), ``diagnostics`` (pure numpy measures). Bad input raises ValueError with a message that names
 the problem (CheckpointError, a ValueError, for damaged checkpoints).
@@ -52,7 +52,7 @@ from trace_service.predictor.features import (
     Turn,
 )
 from trace_service.predictor.model import Query
-from trace_service.predictor.training import Predictive, SuccessPredictor, TrainRoundResult
+from trace_service.predictor.success_predictor import Predictive, SuccessPredictor, TrainRoundResult
 
 __all__ = [
     "Calibration",

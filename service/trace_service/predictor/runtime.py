@@ -1,5 +1,5 @@
 """One job's predictor inside the service: inference off the event loop, training in one place,
-weights shared through the store (``trace_service.predictor.registry`` keeps one per job).
+weights shared through the store (``trace_service.predictor.job_predictors`` keeps one per job).
 
 Every replica serves a job's predictions from its own copy of the job's model.  One replica at a time
 holds the job's trainer lease in the store; it turns the job's completed trees into examples (targets

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from trace_service.store.records import (
     AllocationCounts,
+    AllocationReads,
     AppliedBatch,
     CommittedDecision,
     EventOutcome,
@@ -21,6 +22,7 @@ from trace_service.store.store import TreeStore
 
 __all__ = [
     "AllocationCounts",
+    "AllocationReads",
     "AppliedBatch",
     "CommittedDecision",
     "EventOutcome",

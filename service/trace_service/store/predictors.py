@@ -22,13 +22,13 @@ class PredictorOperations:
 
     async def push_completed(self, job: str, tree_id: str, cap: int = 100_000) -> None:
         """Queue a completed tree for its job's predictor (the newest ``cap`` are kept) and mark the job
-        as wanting its trainer."""
-        await self.scripts.run(
-            ScriptCall("push_completed", [self.keys.completed_trees(job)], [tree_id, cap, self.job_ttl])
-        )
-        await self.scripts.run_all(
-            ScriptRunner.writes(self.keys.training_wanted, self.job_ttl, "SADD", [job])
-        )
+        as wanting its trainer, in one round trip."""
+        await self.scripts.run_all(self._push_calls(job, tree_id, cap))
+
+    def _push_calls(self, job: str, tree_id: str, cap: int = 100_000) -> list[ScriptCall]:
+        """The calls of :meth:`push_completed`, independent of each other."""
+        push = ScriptCall("push_completed", [self.keys.completed_trees(job)], [tree_id, cap, self.job_ttl])
+        return [push, *ScriptRunner.writes(self.keys.training_wanted, self.job_ttl, "SADD", [job])]
 
     async def training_wanted(self) -> list[str]:
         """The jobs with completed trees waiting for their trainer."""

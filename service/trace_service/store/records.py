@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import orjson
 
+from trace_service.allocation.books import TreeBooks, settles_to
 from trace_service.allocation.tree import ROOT, TreeTargets, continuation_flips, tree_targets
 from trace_service.lifecycle import FINISHED, EventStatus, TreeStatus, is_mixed
 from trace_service.store.runner import pairs
@@ -65,6 +66,7 @@ class NewTree:
             "rollouts", str(self.rollouts),
             "expansion_budget", str(self.expansion_budget),
             "rounds", str(self.rounds),
+            "settles_to", settles_to(0, self.rounds, self.expansion_budget, self.rollouts).value,
         ]  # fmt: skip
 
 
@@ -81,10 +83,11 @@ class TreeMeta:
 
     #: The meta hash fields a TreeMeta is read from.
     FIELDS = (
-        "spec", "job", "status", "rollouts", "expansion_budget", "rounds", "finished_at", "left", *_COUNTERS,
+        "spec", "job", "status", "rollouts", "expansion_budget", "rounds", "finished_at", *_COUNTERS,
     )  # fmt: skip
-    #: The fields only the scripts use: a Stage 2 claim (round, token, lease end) and the last update.
-    SCRIPT_FIELDS = ("decision_round", "decision_token", "decision_until", "updated_at")
+    #: The fields only the scripts use: a Stage 2 claim (round, token, lease end), the last update, and
+    #: what the tree becomes once settled (``allocation.books.settles_to``, written with its books).
+    SCRIPT_FIELDS = ("decision_round", "decision_token", "decision_until", "updated_at", "settles_to")
 
     tree_id: str
     allocation_id: str
@@ -116,11 +119,15 @@ class TreeMeta:
     max_branch_depth: int | None = None
     control: bool = False
     mixed_chance: float = 0.0
-    left: int = 0  # continuations neither promised nor returned, as the store last counted them
 
     @property
     def leaves(self) -> int:
         return self.bare_leaves + self.cont_leaves
+
+    @property
+    def books(self) -> TreeBooks:
+        """The tree's Stage 2 books."""
+        return TreeBooks(self.expansion_budget, self.promised, self.returned, self.rounds, self.rollouts)
 
     @property
     def mixed(self) -> bool:
@@ -155,7 +162,6 @@ class TreeMeta:
             max_branch_depth=spec["max_branch_depth"],
             control=bool(spec["control"]),
             mixed_chance=float(spec["mixed_chance"]),
-            left=int(raw.get("left") or 0),
             **counters,
         )
 
@@ -418,6 +424,19 @@ class GroupOutcome:
     def parse(cls, raw: str) -> GroupOutcome:
         predicted, successes, trials = raw.split(",")
         return cls(float(predicted), int(successes), int(trials))
+
+
+@dataclass(frozen=True)
+class AllocationReads:
+    """What /v1/allocate reads before it decides, in one round trip: the answer remembered under its
+    idempotency key, each prompt's history, the job's recent groups of each arm (for its trust map) and
+    its per-step totals (for the split of its budget)."""
+
+    remembered: tuple[str, str] | None
+    history: list[PromptOutcomes]
+    control_groups: list[GroupOutcome]
+    policy_groups: list[GroupOutcome]
+    step_totals: dict[int, dict[str, int]]
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,16 @@ class ScriptRunner:
                 raise result
         return results
 
+    async def run_in_order(self, first: Sequence[ScriptCall], then: Sequence[ScriptCall]) -> None:
+        """``then`` after ``first``: one Redis node runs a pipeline's commands in the order sent, so both
+        go in one round trip (a connection lost part-way leaves ``first`` or a part of it done, never
+        ``then`` alone); a Cluster, whose pipelines refuse scripts, waits for ``first``."""
+        if self.single_node:
+            await self.run_all([*first, *then])
+        else:
+            await self.run_all(first)
+            await self.run_all(then)
+
     async def run_each(self, calls: Sequence[ScriptCall]) -> list[Any]:
         """Independent calls, each with its result or the exception it raised.  One pipeline on a single
         Redis; the calls that find their script gone (Redis restarted) did not run and run again on

@@ -21,13 +21,15 @@ from redis.exceptions import DataError
 from trace_proto import ExpandEvent
 from trace_proto.v1.limits import MAX_TURNS_PER_HISTORY
 from trace_service.allocation import Reserve
+from trace_service.allocation.books import ClosedRound
 from trace_service.allocation.gain import CONTROL, POLICY, ArmSums
-from trace_service.lifecycle import TreeStatus
+from trace_service.lifecycle import TreeStatus, is_success
 from trace_service.offload import off_loop
 from trace_service.store.keys import KeySpace
 from trace_service.store.predictors import PredictorOperations
 from trace_service.store.records import (
     AllocationCounts,
+    AllocationReads,
     AppliedBatch,
     CommittedDecision,
     GroupOutcome,
@@ -47,8 +49,10 @@ _TREES_PER_CREATE = 512
 _KEYS_PER_DELETE = 1_000
 
 
-def _event_row(event: ExpandEvent) -> list[Any]:
-    """The compact form apply_events.lua reads; "" stands for an absent value."""
+def _event_row(event: ExpandEvent, success_threshold: float) -> list[Any]:
+    """The compact form apply_events.lua reads, with whether the reward is a success; "" stands for an
+    absent value."""
+    success = event.reward is not None and is_success(event.reward, success_threshold)
     return [
         event.event_id,
         event.node_id,
@@ -58,6 +62,7 @@ def _event_row(event: ExpandEvent) -> list[Any]:
         1 if event.done else 0,
         repr(event.reward) if event.reward is not None else "",
         event.instruction_id or "",
+        1 if success else 0,
     ]
 
 
@@ -89,14 +94,20 @@ class TreeStore(PredictorOperations):
 
     # --- allocation ---------------------------------------------------------------------------------
 
-    async def create_trees(self, trees: Sequence[NewTree], now: float) -> None:
-        """Create the trees (each atomically with its expiry; creating an existing tree changes nothing).
-        They are not listed anywhere until :meth:`index_allocation`.  On one Redis node a chunk of trees
+    async def create_trees(
+        self, trees: Sequence[NewTree], now: float, *, reserve: Reserve | None = None
+    ) -> None:
+        """Create the trees (each atomically with its expiry; creating an existing tree changes nothing)
+        and their allocation's shared continuation ``reserve``, in one round trip on one Redis node.
+        They are not listed anywhere until :meth:`index_allocation`, and no event can reach them before
+        the answer that names them, so nothing depends on the order.  On one Redis node a chunk of trees
         is one script call (thousands of small calls cost most of /v1/allocate); a Cluster gets one call
         per tree, since a script's keys must share a slot there."""
         rows = [(self.keys.tree(tree.tree_id).meta, tree.hash_fields(now)) for tree in trees]
         chunk = _TREES_PER_CREATE if self.scripts.single_node else 1
         calls = []
+        if reserve is not None and trees:
+            calls.append(self._reserve_call(trees[0].job, trees[0].allocation_id, reserve))
         for start in range(0, len(rows), chunk):
             part = rows[start : start + chunk]
             calls.append(
@@ -124,19 +135,18 @@ class TreeStore(PredictorOperations):
         """List an allocation's trees under its job and step, and as open for the sweeper (idempotent),
         with its counts (``prompts`` offered, trees, ``bare_promised`` rollouts, ``controls`` of the
         trees control trees, the ``policy_share`` of its budget) for job stats.  The trees first, in
-        bounded chunks; the step, which makes job stats count them, only once every tree is listed, so
-        a failure part-way leaves nothing that stats count (a retry completes it)."""
+        bounded chunks; the step, which makes job stats count them, only once every tree is listed
+        (:meth:`ScriptRunner.run_in_order`: one round trip on one Redis node), so a failure part-way
+        leaves nothing that stats count (a retry completes it)."""
         ttl, step_info = self.job_ttl, f"{step}:{allocation_id}"
         counts = AllocationCounts(prompts, len(tree_ids), bare_promised, controls, policy_share)
         writes = ScriptRunner.writes
-        await self.scripts.run_all(
+        await self.scripts.run_in_order(
             writes(self.keys.step_trees(job, step), ttl, "SADD", tree_ids)
-            + writes(self.keys.open_trees(job), ttl, "SADD", tree_ids)
-        )
-        await self.scripts.run_all(
+            + writes(self.keys.open_trees(job), ttl, "SADD", tree_ids),
             writes(self.keys.steps(job), ttl, "ZADD", [step, step])
             + writes(self.keys.steps_info(job), ttl, "HSET", [step_info, str(counts)])
-            + writes(self.keys.jobs, ttl, "ZADD", [now, job])
+            + writes(self.keys.jobs, ttl, "ZADD", [now, job]),
         )
 
     async def discard_allocation(self, job: str, allocation_id: str, tree_ids: Sequence[str]) -> None:
@@ -147,20 +157,17 @@ class TreeStore(PredictorOperations):
         for start in range(0, len(keys), _KEYS_PER_DELETE):
             await self.redis.delete(*keys[start : start + _KEYS_PER_DELETE])
 
-    async def create_reserve(self, job: str, allocation_id: str, reserve: Reserve) -> None:
-        """Create an allocation's shared continuation reserve (once; it expires with the job's keys)."""
-        await self.scripts.run(
-            ScriptCall(
-                "create_reserve",
-                [self.keys.continuation_reserve(job, allocation_id)],
-                [
-                    reserve.left,
-                    reserve.pending,
-                    repr(reserve.expected_left),
-                    repr(reserve.expected_taken),
-                    self.job_ttl,
-                ],
-            )
+    def _reserve_call(self, job: str, allocation_id: str, reserve: Reserve) -> ScriptCall:
+        return ScriptCall(
+            "create_reserve",
+            [self.keys.continuation_reserve(job, allocation_id)],
+            [
+                reserve.left,
+                reserve.pending,
+                repr(reserve.expected_left),
+                repr(reserve.expected_taken),
+                self.job_ttl,
+            ],
         )
 
     async def draw_continuations(
@@ -203,10 +210,35 @@ class TreeStore(PredictorOperations):
                 return recorded
             # status -2: another tree's draw came first; read the reserve again
 
-    async def recall_response(self, job: str, key: str) -> tuple[str, str] | None:
-        """The (request fingerprint, response) remembered under an idempotency key."""
-        value = await self.redis.get(self.keys.idempotency(job, key))
-        return None if value is None else _remembered(text(value))
+    async def allocation_reads(
+        self, job: str, prompt_ids: Sequence[str], idempotency_key: str | None, *, groups: bool, totals: bool
+    ) -> AllocationReads:
+        """Everything /v1/allocate reads, in one pipeline: the answer remembered under
+        ``idempotency_key`` (if any), the prompts' histories (:meth:`prompt_outcomes`), with ``groups``
+        the job's recent groups of each arm (:meth:`group_outcomes`), and with ``totals`` its per-step
+        totals (:meth:`step_totals`)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            if idempotency_key:
+                pipe.get(self.keys.idempotency(job, idempotency_key))
+            if prompt_ids:
+                pipe.hmget(self.keys.prompt_outcomes(job), list(prompt_ids))
+            if totals:
+                pipe.hgetall(self.keys.step_totals(job))
+            if groups:
+                pipe.lrange(self.keys.group_outcomes(job, True), 0, -1)
+                pipe.lrange(self.keys.group_outcomes(job, False), 0, -1)
+            replies = list(await pipe.execute())
+        remembered = replies.pop(0) if idempotency_key else None
+        history = replies.pop(0) if prompt_ids else []
+        step_totals = _step_totals(replies.pop(0)) if totals else {}
+        arms = [[GroupOutcome.parse(text(value)) for value in reply] for reply in replies] or [[], []]
+        return AllocationReads(
+            remembered=None if remembered is None else _remembered(text(remembered)),
+            history=[PromptOutcomes.parse(text(value)) if value else PromptOutcomes() for value in history],
+            control_groups=arms[0],
+            policy_groups=arms[1],
+            step_totals=step_totals,
+        )
 
     async def remember_response(self, job: str, key: str, fingerprint: str, body: str) -> tuple[str, str]:
         """Store a response and the fingerprint of its request under an idempotency key; if another
@@ -228,6 +260,18 @@ class TreeStore(PredictorOperations):
         """Count a finished tree once (a repeat is a no-op): its bare-rollout group joins its prompt's
         history, its figures its step's totals (the gain's sums under its arm), and its group with its
         prediction the job's last ``groups_kept`` of its arm.  Returns whether it was counted now."""
+        return bool(await self.scripts.run(self._outcome_call(meta, groups_kept)))
+
+    async def record_completion(self, meta: TreeMeta, groups_kept: int) -> bool:
+        """A finished tree's bookkeeping in one round trip: :meth:`record_prompt_outcome` and
+        :meth:`push_completed` (independent writes).  Returns whether it was counted now."""
+        results = await self.scripts.run_all(
+            [self._outcome_call(meta, groups_kept), *self._push_calls(meta.job, meta.tree_id)]
+        )
+        return bool(results[0])
+
+    def _outcome_call(self, meta: TreeMeta, groups_kept: int) -> ScriptCall:
+        """The record_outcome.lua call that counts a finished tree."""
         job = meta.job
         keys = [
             self.keys.prompt_outcomes(job),
@@ -249,13 +293,17 @@ class TreeStore(PredictorOperations):
         group = GroupOutcome(meta.predicted_success, meta.bare_successes, meta.bare_leaves)
         args = [meta.prompt_id, meta.bare_successes, meta.bare_leaves, self.job_ttl, meta.tree_id, meta.step]
         figure_args = [x for figure in figures.items() for x in figure]
-        call = ScriptCall("record_outcome", keys, [*args, str(group), groups_kept, *figure_args])
-        return bool(await self.scripts.run(call))
+        return ScriptCall("record_outcome", keys, [*args, str(group), groups_kept, *figure_args])
 
     async def group_outcomes(self, job: str, *, control: bool) -> list[GroupOutcome]:
         """The job's most recent groups of its control trees (``control``) or its policy's, newest first."""
         raw = await self.redis.lrange(self.keys.group_outcomes(job, control), 0, -1)
         return [GroupOutcome.parse(text(value)) for value in raw]
+
+    async def arm_groups(self, job: str) -> tuple[list[GroupOutcome], list[GroupOutcome]]:
+        """The job's recent groups of its control trees and of its policy's, in one round trip."""
+        reads = await self.allocation_reads(job, [], None, groups=True, totals=False)
+        return reads.control_groups, reads.policy_groups
 
     async def step_allocations(self, job: str) -> dict[int, list[AllocationCounts]]:
         """The counts of each allocation made, by step."""
@@ -267,12 +315,7 @@ class TreeStore(PredictorOperations):
 
     async def step_totals(self, job: str) -> dict[int, dict[str, int]]:
         """The sums over each step's counted trees, by step and figure (absent: 0)."""
-        raw = _decoded(await self.redis.hgetall(self.keys.step_totals(job)))
-        by_step: dict[int, dict[str, int]] = {}
-        for field, value in raw.items():
-            step, _, figure = field.partition(":")
-            by_step.setdefault(int(step), {})[figure] = int(value)
-        return by_step
+        return _step_totals(await self.redis.hgetall(self.keys.step_totals(job)))
 
     async def uncounted(self, job: str, tree_ids: Sequence[str]) -> list[str]:
         """The trees among ``tree_ids`` not yet counted (see :meth:`record_prompt_outcome`)."""
@@ -301,10 +344,9 @@ class TreeStore(PredictorOperations):
                     "apply_events",
                     [keys.meta, keys.nodes, keys.events, keys.instructions, keys.predictions],
                     [
-                        orjson.dumps([_event_row(event) for event in events]),
+                        orjson.dumps([_event_row(event, success_threshold) for event in events]),
                         now,
                         self.tree_ttl,
-                        success_threshold,
                         decision_lease,
                         uuid.uuid4().hex,
                         MAX_TURNS_PER_HISTORY,
@@ -329,16 +371,14 @@ class TreeStore(PredictorOperations):
         token: str,
         instructions: Sequence[tuple[str, str, int]],
         predictions: Mapping[str, float],
-        returned: int,
+        books: ClosedRound,
         fallback: int,
         now: float,
-        expansion_budget: int | None = None,
     ) -> CommittedDecision:
         """Offer the instructions ``(instruction_id, node_id, count)`` in the job's claim queue from
-        ``offered_from`` on, then record the decision if the claim still holds.  Offered before
-        recorded, so that no failure in between can strand them (an offer whose record never happened
-        is dropped when claimed).  ``expansion_budget`` replaces the tree's continuation budget with
-        the decision (its draw from a shared reserve)."""
+        ``offered_from`` on, then record the decision and the tree's ``books`` after it if the claim
+        still holds.  Offered before recorded, so that no failure in between can strand them (an offer
+        whose record never happened is dropped when claimed)."""
         keys = self.keys.tree(tree_id)
         offer = self._offer_calls(job, tree_id, {item[0]: offered_from for item in instructions})
         commit = ScriptCall(
@@ -349,11 +389,13 @@ class TreeStore(PredictorOperations):
                 token,
                 orjson.dumps([list(item) for item in instructions]),
                 orjson.dumps(dict(predictions)) if predictions else "{}",
-                returned,
+                books.returned,
                 fallback,
                 now,
                 self.tree_ttl,
-                -1 if expansion_budget is None else expansion_budget,
+                -1 if books.expansion_budget is None else books.expansion_budget,
+                books.status.value,
+                books.settles_to.value,
             ],
         )
         results = await self.scripts.run_all([*offer, commit], ordered=True)
@@ -523,3 +565,12 @@ def _remembered(value: str) -> tuple[str, str]:
 
 def _decoded(row: Mapping[Any, Any]) -> dict[str, str]:
     return {text(key): text(value) for key, value in row.items()}
+
+
+def _step_totals(raw: Mapping[bytes | str, bytes | str]) -> dict[int, dict[str, int]]:
+    """The step totals hash (``<step>:<figure>`` → count) by step and figure."""
+    by_step: dict[int, dict[str, int]] = {}
+    for field, value in _decoded(raw).items():
+        step, _, figure = field.partition(":")
+        by_step.setdefault(int(step), {})[figure] = int(value)
+    return by_step

@@ -13,6 +13,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 
 from trace_client import AsyncTraceClient
 from trace_client.adapters.trajectories import TokenTrajectory, token_trajectories
+from trace_client.adapters.verl import path_fields
 from trace_client.driver import FinishedTree, History, RolloutDriver, TurnResult, TurnTokens
 from trace_client.envs import Environment, EnvironmentWorker, Episode, Move
 from trace_client.integrations.verl.manager import TreeTicket
@@ -69,7 +70,6 @@ def path_output(
     `min_global_steps` / `max_global_steps`).
     """
     keep = min(len(trajectory.response_ids), response_length)
-    logprobs = None if trajectory.logprobs is None else list(trajectory.logprobs[:keep])
     extra_fields: dict[str, Any] = {
         REWARD_FIELD: trajectory.reward,
         LEAF_ID_FIELD: trajectory.leaf_id,
@@ -83,13 +83,7 @@ def path_output(
     if weights_versions is not None:
         extra_fields.update(zip(WEIGHTS_FIELDS, weights_versions, strict=True))
     return TraceAgentLoopOutput(
-        prompt_ids=list(trajectory.prompt_ids),
-        response_ids=list(trajectory.response_ids[:keep]),
-        response_mask=list(trajectory.loss_mask[:keep]),
-        response_logprobs=logprobs,
-        # set, so that verl's reward workers do not score the path again
-        reward_score=trajectory.reward,
-        num_turns=trajectory.turns,
+        **path_fields(trajectory, keep),
         metrics=AgentLoopMetrics(),
         path_reward=trajectory.reward,
         token_advantages=list(trajectory.advantages[:keep]),

@@ -1,8 +1,9 @@
 -- Apply one tree's batch of finished turns atomically.
 -- KEYS: meta, nodes, events, instructions, predictions (all under the tree's hash tag)
--- ARGV: events (JSON list of [event_id, node_id, parent_id, text, features, done, reward, instruction_id];
---       "" stands for absent), now (seconds), ttl (seconds), success threshold, decision lease (seconds),
---       a fresh token naming this caller's claim on a Stage 2 decision, the most turns of one rollout
+-- ARGV: events (JSON list of [event_id, node_id, parent_id, text, features, done, reward, instruction_id,
+--       success (1: the reward is a success)]; "" stands for absent), now (seconds), ttl (seconds),
+--       decision lease (seconds), a fresh token naming this caller's claim on a Stage 2 decision, the
+--       most turns of one rollout
 -- Returns {summary, ...}: summary is JSON {results = [[code, message], ...] (codes: RESULT), job,
 -- status, decision (round this caller must decide, or 0), token, completed (0/1), started = [instruction
 -- ids that became fully started], bare_leaves, cont_leaves (leaves this batch added)}.  What follows it
@@ -11,8 +12,8 @@
 -- completed = 1, the meta hash (for its accounting); otherwise nothing.
 local meta_key, nodes_key, events_key, instr_key, pred_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local events = cjson.decode(ARGV[1])
-local now, ttl, threshold, lease = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local claim_token, max_depth = ARGV[6], tonumber(ARGV[7])
+local now, ttl, lease = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local claim_token, max_depth = ARGV[5], tonumber(ARGV[6])
 
 local results, started = {}, {}
 if redis.call('EXISTS', meta_key) == 0 then
@@ -25,9 +26,9 @@ end
 local function num(value) return tonumber(value) or 0 end
 
 -- Only the fields used here (the hash also holds the prompt text, which this script never needs).
-local fields = {'job', 'status', 'rollouts', 'rounds', 'round', 'expansion_budget', 'promised', 'returned',
-                'decision_round', 'decision_until', 'bare_started', 'bare_leaves', 'bare_successes',
-                'cont_started', 'cont_leaves', 'successes', 'turns'}
+local fields = {'job', 'status', 'settles_to', 'rollouts', 'round', 'promised', 'decision_round',
+                'decision_until', 'bare_started', 'bare_leaves', 'bare_successes', 'cont_started',
+                'cont_leaves', 'successes', 'turns'}
 local m = {}
 local raw = redis.call('HMGET', meta_key, unpack(fields))
 for i, name in ipairs(fields) do m[name] = raw[i] or nil end
@@ -54,7 +55,7 @@ local function load_instruction(id) return cached(instr_key, instr_cache, id) en
 for i = 1, #events do
   local e = events[i]
   local event_id, node_id, parent_id = e[1], e[2], e[3]
-  local text, features, done, reward, instruction_id = e[4], e[5], e[6] == 1, e[7], e[8]
+  local text, features, done, reward, instruction_id, success = e[4], e[5], e[6] == 1, e[7], e[8], e[9] == 1
   local signature = parent_id .. '\31' .. tostring(done) .. '\31' .. reward .. '\31' .. instruction_id
   local existing = load_node(node_id)
   if redis.call('SISMEMBER', events_key, event_id) == 1 then
@@ -66,7 +67,7 @@ for i = 1, #events do
     else
       results[i] = {RESULT.CONFLICT, 'node_id ' .. node_id .. ' was already reported with different content'}
     end
-  elseif is_finished(status) then
+  elseif FINISHED[status] then
     results[i] = {RESULT.TREE_FINISHED, 'tree is ' .. status .. ' and takes no more turns'}
   else
     local parent, instruction, origin, depth = false, false, '', 1
@@ -121,7 +122,6 @@ for i = 1, #events do
                     signature = signature, text = text, features = features, instruction = instruction_id,
                     reward = reward, reported_at = now}
       if done then
-        local success = is_success(reward, threshold)
         if success then counters.successes = counters.successes + 1 end
         if origin == '' then
           counters.bare_leaves = counters.bare_leaves + 1
@@ -141,23 +141,19 @@ for i = 1, #events do
   end
 end
 
--- Life cycle (trace_service.lifecycle): once settled, the tree's next status comes from settled_status;
+-- Life cycle: once settled, the tree becomes what its books last said (trace_service.allocation.books);
 -- one caller claims each Stage 2 decision under a lease (another takes it over if the lease lapses).
 local decision, token, completed = 0, '', 0
 local pending = num(m.decision_round)
-local promised = num(m.promised)
-local round, rounds = num(m.round), num(m.rounds)
-local settled = counters.bare_leaves == rollouts and counters.cont_leaves == promised
-if not is_finished(status) and settled and not (pending > 0 and num(m.decision_until) > now) then
+local settled = counters.bare_leaves == rollouts and counters.cont_leaves == num(m.promised)
+if not FINISHED[status] and settled and not (pending > 0 and num(m.decision_until) > now) then
   -- (a live claim means another caller is deciding this round right now)
-  local left = budget_left(num(m.expansion_budget), promised, num(m.returned))
-  status = settled_status(round, rounds, left, counters.bare_leaves, true)
+  status = m.settles_to
   if status == STATUS.EXPANDING then
-    decision = pending > 0 and pending or round + 1
+    decision = pending > 0 and pending or num(m.round) + 1
     token = claim_token
-    -- The claimant reads what is left from here (the Stage 2 books are kept in this store only).
     redis.call('HSET', meta_key, 'decision_round', decision, 'decision_token', token,
-               'decision_until', now + lease, 'status', status, 'left', left)
+               'decision_until', now + lease, 'status', status)
   else
     completed = 1
     redis.call('HSET', meta_key, 'status', status, 'finished_at', now)

@@ -3,7 +3,7 @@
 local meta_key = KEYS[1]
 local status = redis.call('HGET', meta_key, 'status')
 if not status then return '' end
-if not is_finished(status) then
+if not FINISHED[status] then
   redis.call('HSET', meta_key, 'status', STATUS.CLOSED, 'decision_round', 0, 'decision_token', '',
              'finished_at', tonumber(ARGV[1]))
 end

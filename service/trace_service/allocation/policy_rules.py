@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from trace_proto import Policy
-from trace_service.allocation._validate import FloatArray, IntArray
+from trace_service.allocation._validate import FloatArray, IntArray, check_limits
 from trace_service.allocation.policies import (
     dapo_keep,
     greso_keep,
@@ -199,7 +199,9 @@ def _greso_roots(inputs: RootInputs) -> IntArray:
 
 def _pcl_roots(inputs: RootInputs) -> IntArray:
     """PCL: the prompts with Ṽ closest to ½, each ``clip(⌊M / min(n, max_prompts)⌋, m_min, m_max)``."""
-    batch = min(inputs.n_prompts, inputs.max_prompts or inputs.n_prompts)
+    batch = check_limits(
+        inputs.n_prompts, inputs.budget, inputs.min_rollouts, inputs.max_rollouts, inputs.max_prompts
+    )
     per_prompt = int(np.clip(inputs.budget // max(batch, 1), inputs.min_rollouts, inputs.max_rollouts))
     return pcl_roots(
         _given(inputs.predicted, Need.ROOT_PREDICTIONS, "pcl"),
@@ -322,11 +324,6 @@ class PolicyRules:
     @property
     def needs(self) -> frozenset[Need]:
         return self.roots.needs | self.prefixes.needs
-
-    @property
-    def uses_predictor(self) -> bool:
-        """Whether its allocations or its Stage 2 decisions ask the predictor."""
-        return bool(self.needs & PREDICTOR_NEEDS)
 
 
 POLICIES: Mapping[Policy, PolicyRules] = MappingProxyType(

@@ -25,19 +25,10 @@ import numpy as np
 import numpy.typing as npt
 
 from trace_service.allocation._validate import IntArray, non_negative_int
-from trace_service.allocation.registry import RootInputs, RootRule
+from trace_service.allocation.policies import uniform_group_size
+from trace_service.allocation.policy_rules import RootInputs, RootRule
 
 BoolArray = npt.NDArray[np.bool_]
-
-
-def uniform_group_size(
-    n_prompts: int, budget: int, *, min_rollouts: int, max_rollouts: int, max_prompts: int | None
-) -> int:
-    """The group size uniform allocation gives at this budget: ``min(⌊M / k⌋, m_max)`` over its
-    ``k = min(B, max_prompts, ⌊M / m_min⌋)`` prompts (the first of them take one more when M does not
-    divide); 0 when no prompt can have ``m_min``."""
-    prompts = min(n_prompts, max_prompts or n_prompts, budget // max(min_rollouts, 1))
-    return min(budget // prompts, max_rollouts) if prompts else 0
 
 
 def draw_controls(inputs: RootInputs, share: float, rng: np.random.Generator) -> IntArray:

@@ -5,8 +5,6 @@ control and policy groups, and the predictor's calibration on control prompts al
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 
 from trace_proto import BudgetSplit, ControlCalibration, GainRatio, PredictorInfo, TrustMap
@@ -28,27 +26,19 @@ class JobEvidence:
         self.store = store
         self.half_life = half_life
 
-    async def for_allocation(
-        self, job: str, step: int, floor: float, *, calibrated: bool
-    ) -> tuple[Split, Trust | None]:
-        """What an allocation of ``step`` reads, in one concurrent read: the split between the policy
-        and the controls (each arm at least ``floor``), and the trust map when Stage 1 is
-        ``calibrated``."""
-        if not calibrated:
-            return await self.split(job, step, floor), None
-        split, trust = await asyncio.gather(self.split(job, step, floor), self.trust(job))
-        return split, trust
-
-    async def split(self, job: str, step: int, floor: float) -> Split:
-        """The share of the allocation of ``step`` that follows the policy, from the earlier steps'
-        complete trees; every share is the floor's when the floor is 0 (no controls, no evidence)."""
+    def split(self, step_totals: dict[int, dict[str, int]], step: int, floor: float) -> Split:
+        """The share of the allocation of ``step`` that follows the policy, from the job's per-step
+        totals of the earlier steps; all of it when the floor is 0 (no controls, no evidence)."""
         if floor == 0.0:
             return Split(policy_share=1.0, policy_better=0.5, gain=None)
-        return decide_split(await self.store.step_totals(job), step, floor, self.half_life)
+        return decide_split(step_totals, step, floor, self.half_life)
 
-    async def trust(self, job: str) -> Trust:
-        """The trust map fitted to the job's groups (every prediction alike before any)."""
-        return await _fitted(*await self._groups(job))
+    @staticmethod
+    async def fitted(controls: list[GroupOutcome], policy: list[GroupOutcome]) -> Trust:
+        """The trust map fitted to a job's control and policy groups, off the event loop when they are
+        many."""
+        outcomes = controls + policy
+        return await off_loop(len(outcomes), _fit, outcomes)
 
     async def calibration(self, job: str) -> ControlCalibration | None:
         """The predictor's Brier score on the job's control groups against one constant's; None before
@@ -58,15 +48,9 @@ class JobEvidence:
     async def describe(self, info: PredictorInfo) -> PredictorInfo:
         """``info`` (GET /v1/predictor) with the predictor on its job's control prompts and the trust
         map Stage 1 applies now."""
-        controls, policy = await self._groups(info.job)
-        trust = await _fitted(controls, policy)
+        controls, policy = await self.store.arm_groups(info.job)
+        trust = await self.fitted(controls, policy)
         return info.model_copy(update={"control": _calibration(controls), "trust": trust_map(trust)})
-
-    async def _groups(self, job: str) -> tuple[list[GroupOutcome], list[GroupOutcome]]:
-        """The job's control groups and its policy's, read together."""
-        return await asyncio.gather(
-            self.store.group_outcomes(job, control=True), self.store.group_outcomes(job, control=False)
-        )
 
 
 def _calibration(outcomes: list[GroupOutcome]) -> ControlCalibration | None:
@@ -111,12 +95,6 @@ def _columns(outcomes: list[GroupOutcome]) -> tuple[np.ndarray, np.ndarray, np.n
         np.array([o.successes for o in outcomes], dtype=np.float64),
         np.array([o.trials for o in outcomes], dtype=np.float64),
     )
-
-
-async def _fitted(controls: list[GroupOutcome], policy: list[GroupOutcome]) -> Trust:
-    """The trust map of both arms' groups, fitted off the event loop when they are many."""
-    outcomes = controls + policy
-    return await off_loop(len(outcomes), _fit, outcomes)
 
 
 def _fit(outcomes: list[GroupOutcome]) -> Trust:

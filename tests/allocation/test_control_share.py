@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from trace_proto import Policy
 from trace_service.allocation import POLICIES, RootInputs, uniform_roots
-from trace_service.allocation.control import draw_controls, plan_roots, uniform_group_size
+from trace_service.allocation.control_share import draw_controls, plan_roots
+from trace_service.allocation.policies import uniform_group_size
 
 
 @st.composite

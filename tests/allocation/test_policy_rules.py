@@ -25,8 +25,9 @@ from trace_service.allocation import (
     spread_evenly,
     uniform_roots,
 )
-from trace_service.allocation.registry import (
+from trace_service.allocation.policy_rules import (
     POLICIES,
+    PREDICTOR_NEEDS,
     Need,
     PrefixInputs,
     PrefixRule,
@@ -101,7 +102,10 @@ def test_every_contract_policy_is_registered() -> None:
 
 
 def test_the_predictor_is_read_by_exactly_the_contracts_predictor_policies() -> None:
-    assert {policy for policy, rules in POLICIES.items() if rules.uses_predictor} == PREDICTOR_POLICIES
+    """The contract's set is the one definition; the rules' needs are held to it."""
+    assert {
+        policy for policy, rules in POLICIES.items() if rules.needs & PREDICTOR_NEEDS
+    } == PREDICTOR_POLICIES
     assert [policy for policy, rules in POLICIES.items() if rules.keeps_only_mixed_groups] == [Policy.DAPO]
 
 
@@ -206,7 +210,7 @@ def test_stage1_of_each_policy_is_its_rule_called_directly(
 def test_knapsack_above_the_exact_limit_uses_the_production_solver(monkeypatch: pytest.MonkeyPatch) -> None:
     v = np.linspace(0.05, 0.95, 7)
     inputs = RootInputs(n_prompts=7, budget=30, max_rollouts=8, predicted=v)
-    monkeypatch.setattr("trace_service.allocation.registry.KNAPSACK_EXACT_CELLS", 7 * 30 * 8 - 1)
+    monkeypatch.setattr("trace_service.allocation.policy_rules.KNAPSACK_EXACT_CELLS", 7 * 30 * 8 - 1)
     greedy = allocate_roots(v, 30, max_rollouts=8, weight=knapsack_weight(v)).counts
     assert POLICIES[Policy.KNAPSACK].roots.counts(inputs).tolist() == greedy.tolist()
 

@@ -4,7 +4,6 @@ round's claim."""
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 
 import numpy as np
 from redis.exceptions import RedisError
@@ -18,14 +17,15 @@ from trace_service.allocation import (
     is_mixed,
     spread_evenly,
 )
-from trace_service.allocation.branching import can_branch, place_round, round_candidates, round_share
+from trace_service.allocation.books import TreeBooks
+from trace_service.allocation.branching import can_branch, place_round, round_candidates
 from trace_service.allocation.tree import PrefixCandidates
 from trace_service.engine.common import Clock, IntArray, fresh_ids
 from trace_service.engine.completion import Completion
 from trace_service.metrics import Metrics
 from trace_service.offload import off_loop, release
 from trace_service.predictor import OutcomeCounts, Query
-from trace_service.predictor.registry import PredictorRegistry
+from trace_service.predictor.job_predictors import PredictorRegistry
 from trace_service.settings import Settings
 from trace_service.store import StoredTree, TreeMeta, TreeStore
 
@@ -84,15 +84,15 @@ class Stage2:
             except Exception:
                 logger.exception("tree %s has no readable prefixes; its share is returned", tree_id)
                 candidates = None
+            books = tree.meta.books
             budget = None
             if round_ == 1 and rules.sharing is not None:
                 branches = candidates is not None and can_branch(candidates)
-                budget = await self._draw(tree.meta, rules.sharing, branches)
-                # Round 1 has promised and returned nothing: what it draws is all that is left.
-                tree = replace(tree, meta=replace(tree.meta, expansion_budget=budget, left=budget))
-            meta = tree.meta
-            share = round_share(meta.left, meta.expansion_budget, meta.rounds, round_)
-            counts, node_ids, predictions, fallback = await self._placement(tree, rules, candidates, share)
+                budget = await self._draw(tree.meta, books, rules.sharing, branches)
+            opened = books.open_round(round_, budget)
+            counts, node_ids, predictions, fallback = await self._placement(
+                tree, rules, candidates, opened.share
+            )
             placed = [(node_ids[i], count) for i, count in enumerate(counts.tolist()) if count > 0]
             instructions = [
                 Instruction(instruction_id=instruction_id, tree_id=tree_id, node_id=node_id, count=count)
@@ -100,8 +100,8 @@ class Stage2:
             ]
             # What this round does not place (no candidate, the caller asked for it back, or every
             # candidate already mixed) is returned: never promised, never spent twice.
-            returned = share - int(counts.sum())
-            now = self.clock()
+            closed = opened.close(int(counts.sum()))
+            meta, now = tree.meta, self.clock()
             recorded, completed = await self.store.commit_decision(
                 tree_id,
                 job=meta.job,
@@ -110,10 +110,9 @@ class Stage2:
                 token=token,
                 instructions=[(i.instruction_id, i.node_id, i.count) for i in instructions],
                 predictions=predictions,
-                returned=returned,
+                books=closed,
                 fallback=fallback,
                 now=now,
-                expansion_budget=budget,
             )
         if not recorded:  # another replica took the decision over; its instructions stand
             await self.store.dequeue_instructions(
@@ -123,17 +122,17 @@ class Stage2:
         label = self.metrics.job_label(meta.job)
         self.metrics.instructions_issued.labels(label).inc(len(instructions))
         self.metrics.budget_fallback.labels(label).inc(fallback)
-        self.metrics.budget_unspent.labels(label).inc(returned)
+        self.metrics.budget_unspent.labels(label).inc(closed.returned)
         if completed:
             await self.completion.completed(tree_id, meta)
         return instructions, completed
 
-    async def _draw(self, meta: TreeMeta, sharing: Sharing, branches: bool) -> int:
+    async def _draw(self, meta: TreeMeta, books: TreeBooks, sharing: Sharing, branches: bool) -> int:
         """The tree's continuations: the part of its share it keeps, and its draw from its allocation's
         shared reserve of the pooled parts (``allocation.reserve``): it takes when its bare rollouts
         agree and it ``branches`` (``allocation.branching.can_branch``); else it leaves its pooled
         part to the allocation's other trees."""
-        kept, pooled = sharing.split(meta.expansion_budget)
+        kept, pooled = books.pooled(sharing)
         return kept + await self.store.draw_continuations(
             meta.job,
             meta.allocation_id,
