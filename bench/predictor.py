@@ -24,6 +24,7 @@ import argparse
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from unittest import mock
 
 import numpy as np
 import numpy.typing as npt
@@ -39,6 +40,7 @@ from trace_service.predictor import (
     Query,
     SuccessPredictor,
     TrainingExample,
+    training,
 )
 from trace_service.predictor.diagnostics import brier_score, expected_calibration_error, spearman
 
@@ -233,9 +235,13 @@ def evaluate_vocabulary(arguments: argparse.Namespace, vocabulary_seed: int) -> 
         feature_dim=arguments.feature_dim,
         vocabulary=VocabularyConfig(seed=vocabulary_seed),
     )
-    predictor = SuccessPredictor(
-        PredictorConfig(feature_dim=arguments.feature_dim, device="cpu", seed=arguments.seed)
-    )
+    config = PredictorConfig(feature_dim=arguments.feature_dim, device="cpu", seed=arguments.seed)
+    predictor = SuccessPredictor(config)
+    # --storage: the same trees also train a predictor kept at float32 (as before the eight-bit
+    # checkpoints) and one set down to bytes and loaded back after every step (as an evicted job's).
+    float32 = SuccessPredictor(config) if arguments.storage else None
+    set_down = SuccessPredictor(config) if arguments.storage else None
+    set_down_bytes: list[int] = []
     featurizer = predictor.featurizer
     rng = np.random.default_rng([arguments.seed, vocabulary_seed])
     started = time.perf_counter()
@@ -243,13 +249,22 @@ def evaluate_vocabulary(arguments: argparse.Namespace, vocabulary_seed: int) -> 
     training_seconds = 0.0
 
     def learn(trees: list[SimTree]) -> None:
-        nonlocal trained_examples, training_seconds
+        nonlocal trained_examples, training_seconds, set_down
         for tree in trees:
-            predictor.add_examples(training_examples(tree))
+            for each in (predictor, float32, set_down):
+                if each is not None:
+                    each.add_examples(training_examples(tree))
         began = time.perf_counter()
         result = predictor.train_round(arguments.steps_per_round)
         training_seconds += time.perf_counter() - began
         trained_examples += result.steps * predictor.config.batch_size
+        if float32 is not None and set_down is not None:
+            with mock.patch.object(training, "round_to_checkpoint", return_value=None):
+                float32.train_round(arguments.steps_per_round)
+            set_down.train_round(arguments.steps_per_round)
+            blob = set_down.to_bytes(with_training_data=True)
+            set_down_bytes.append(len(blob))
+            set_down = SuccessPredictor.from_bytes(blob, config)
 
     for seed in arguments.train_seeds:
         workload = SimWorkload(sim_config, seed=seed)
@@ -293,6 +308,14 @@ def evaluate_vocabulary(arguments: argparse.Namespace, vocabulary_seed: int) -> 
         "prompt history (Beta)": evaluation.score(posterior, depths),
         f"predictor v{predictor.version}": evaluation.score(predictor.predict(evaluation.queries), depths),
     }
+    if float32 is not None and set_down is not None:
+        rows["  float32 (before)"] = evaluation.score(float32.predict(evaluation.queries), depths)
+        rows["  set down each step"] = evaluation.score(set_down.predict(evaluation.queries), depths)
+        print(
+            f"  set-down predictor: {max(set_down_bytes) / 1e6:.1f} MB at most "
+            f"({set_down_bytes[-1] / 1e6:.1f} MB last); "
+            f"published weights: {len(predictor.to_bytes()) / 1e6:.1f} MB"
+        )
     nodes = int((evaluation.depth >= 1).sum())
     print_table(
         f"vocabulary seed {vocabulary_seed}: {len(evaluation_trees)} held-out trees (roots), "
@@ -359,6 +382,11 @@ def main() -> None:
     parser.add_argument("--feature-dim", type=int, default=0, help="client feature vectors (0: text only)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--storage",
+        action="store_true",
+        help="also train a float32 predictor and one set down and loaded back every step, side by side",
+    )
     arguments = parser.parse_args()
     torch.set_num_threads(arguments.threads)
     predictor = None

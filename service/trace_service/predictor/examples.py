@@ -87,21 +87,10 @@ class FifoBuffer(Generic[Item]):
         """The items in the order they came."""
         return self._items[self._next :] + self._items[: self._next]
 
-    @property
-    def layout(self) -> tuple[list[Item], int]:
-        """The items as stored and the slot the next one overwrites: :meth:`restore` takes them back."""
-        return list(self._items), self._next
-
-    def restore(self, items: Sequence[Item], next_slot: int) -> None:
-        """Hold ``items`` laid out as :attr:`layout` gave them; in a buffer of another capacity, the
-        newest that fit."""
-        if len(items) <= self._capacity and (
-            next_slot == 0 or (len(items) == self._capacity > next_slot > 0)
-        ):
-            self._items, self._next = list(items), next_slot
-            return
+    def restore(self, items: Sequence[Item]) -> None:
+        """Hold ``items`` (oldest first, as :meth:`oldest_first` gave them): the newest that fit."""
         self._items, self._next = [], 0
-        self.extend([*items[next_slot:], *items[:next_slot]])
+        self.extend(items[-self._capacity :])
 
     def __len__(self) -> int:
         return len(self._items)
