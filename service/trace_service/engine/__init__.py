@@ -3,6 +3,7 @@ calls on the component they need; the algorithms are the pure functions of ``tra
 and ``trace_service.allocation.tree``.
 
 - ``allocate``: POST /v1/allocate (idempotency, predictions, Stage 1)
+- ``budget``: the store's byte budget (new work refused when it is full)
 - ``intake``: POST /v1/expand (events, the follow-ups they make due, re-offers)
 - ``decide``: one Stage 2 round of one tree, decided (``trace_service.allocation.branching``) and recorded
 - ``completion``: the bookkeeping once a tree is finished
@@ -20,6 +21,7 @@ import time
 from dataclasses import dataclass
 
 from trace_service.engine.allocate import Allocation
+from trace_service.engine.budget import StoreBudget, StoreFullError
 from trace_service.engine.common import Clock, IdempotencyConflictError, NotFoundError
 from trace_service.engine.completion import Completion
 from trace_service.engine.control import JobEvidence
@@ -48,6 +50,8 @@ __all__ = [
     "Predictions",
     "Readiness",
     "Stage2",
+    "StoreBudget",
+    "StoreFullError",
     "Sweeper",
     "Trees",
     "build_engine",
@@ -72,6 +76,7 @@ class Engine:
     jobs: Jobs
     predictions: Predictions
     readiness: Readiness
+    budget: StoreBudget
 
 
 def build_engine(
@@ -85,11 +90,12 @@ def build_engine(
     completion = Completion(store, metrics, settings.evidence_window)
     stage2 = Stage2(store, predictors, settings, metrics, completion, clock)
     evidence = JobEvidence(store)
+    budget = StoreBudget(store, metrics, settings.store_max_bytes)
     return Engine(
         store=store,
         predictors=predictors,
         evidence=evidence,
-        allocation=Allocation(store, predictors, evidence, metrics, clock),
+        allocation=Allocation(store, predictors, evidence, budget, metrics, clock),
         intake=Intake(store, predictors.featurizer, settings, metrics, stage2, completion, clock),
         instructions=Instructions(store, settings, metrics, clock),
         sweeper=Sweeper(store, settings, stage2, completion, clock),
@@ -98,4 +104,5 @@ def build_engine(
         jobs=Jobs(store, predictors),
         predictions=Predictions(store, predictors),
         readiness=Readiness(store, predictors, metrics),
+        budget=budget,
     )

@@ -19,6 +19,7 @@ from trace_service.allocation import (
 )
 from trace_service.allocation.control import RootPlan, plan_roots
 from trace_service.allocation.trust import Trust
+from trace_service.engine.budget import StoreBudget
 from trace_service.engine.common import Clock, IdempotencyConflictError, fresh_ids
 from trace_service.engine.control import JobEvidence, trust_map
 from trace_service.metrics import OTHER_JOBS, Metrics
@@ -38,12 +39,14 @@ class Allocation:
         store: TreeStore,
         predictors: PredictorRegistry,
         evidence: JobEvidence,
+        budget: StoreBudget,
         metrics: Metrics,
         clock: Clock,
     ) -> None:
         self.store = store
         self.predictors = predictors
         self.evidence = evidence
+        self.budget = budget
         self.metrics = metrics
         self.clock = clock
         self._rng = np.random.default_rng()
@@ -59,6 +62,7 @@ class Allocation:
                 response = _remembered(idempotency_key, fingerprint, remembered)
                 await self._index(request, response)  # in case the first attempt stopped before it
                 return response
+        self.budget.check_new_work()  # an answer already given is not new work
         with self.metrics.allocate_duration.labels(request.policy.value).time():
             response, trees = await self._decide_roots(request)
         now = self.clock()

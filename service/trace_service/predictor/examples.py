@@ -64,6 +64,28 @@ class RootGroup:
             raise ValueError(f"need 0 <= successes <= trials, got {self.successes}/{self.trials}")
 
 
+#: Python's own bytes per training example beside its arrays (the example, its history, their fields).
+_OBJECT_BYTES = 400
+
+
+def training_data_bytes(histories: Sequence[EncodedHistory]) -> int:
+    """An estimate of the memory the histories of a predictor's training data hold: each distinct token
+    and feature array once (histories share their ancestors'), and the objects around them."""
+    seen: set[int] = set()
+    total = _OBJECT_BYTES * len(histories)
+    for history in histories:
+        for array in (
+            history.prompt_tokens,
+            *history.turn_tokens,
+            history.prompt_features,
+            history.latest_features,
+        ):
+            if array is not None and id(array) not in seen:
+                seen.add(id(array))
+                total += array.nbytes
+    return total
+
+
 class FifoBuffer(Generic[Item]):
     """The most recent ``capacity`` items; the oldest is overwritten first."""
 

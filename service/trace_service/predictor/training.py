@@ -82,7 +82,13 @@ from trace_service.predictor.diagnostics import (
     spearman,
     spearman_by_group,
 )
-from trace_service.predictor.examples import FifoBuffer, RootGroup, RunningMoments, TrainingExample
+from trace_service.predictor.examples import (
+    FifoBuffer,
+    RootGroup,
+    RunningMoments,
+    TrainingExample,
+    training_data_bytes,
+)
 from trace_service.predictor.features import EncodedHistory, HistoryFeaturizer
 from trace_service.predictor.model import (
     ModelInputs,
@@ -370,6 +376,16 @@ class SuccessPredictor:
             spearman_by_depth=spearman_by_group(predicted, target, depth),
             brier_by_depth=brier_by_group(predicted, target, depth, weight),
         )
+
+    def memory_bytes(self) -> int:
+        """An estimate of the bytes this predictor holds in memory: its trained, averaged and published
+        models with the gradients and the optimiser's two moments (six copies of the weights), and its
+        training data."""
+        weights = sum(p.numel() * p.element_size() for p in self._trainer_model.parameters())
+        with self._data_lock:
+            histories = [e.history for e in (*self._replay.snapshot(), *self._holdout.snapshot())]
+            histories += [g.root for g in (*self._groups.snapshot(), *self._holdout_groups.snapshot())]
+        return 6 * weights + training_data_bytes(histories)
 
     # -- checkpoints -----------------------------------------------------------------------------
 

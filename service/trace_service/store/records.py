@@ -83,8 +83,11 @@ class TreeMeta:
     FIELDS = (
         "spec", "job", "status", "rollouts", "expansion_budget", "rounds", "finished_at", "left", *_COUNTERS,
     )  # fmt: skip
-    #: The fields only the scripts use: a Stage 2 claim (round, token, lease end) and the last update.
-    SCRIPT_FIELDS = ("decision_round", "decision_token", "decision_until", "updated_at")
+    #: The fields only the scripts use: a Stage 2 claim (round, token, lease end), the last update and
+    #: the two marks of retention by need (``retain_tree.lua``).
+    SCRIPT_FIELDS = (
+        "decision_round", "decision_token", "decision_until", "updated_at", "retain_read", "retain_learned",
+    )  # fmt: skip
 
     tree_id: str
     allocation_id: str
