@@ -100,10 +100,11 @@ class Settings(BaseSettings):
     predictor_memory_bytes: int = Field(
         default=2 << 30,
         ge=0,
-        description="Bytes the jobs' predictors may hold in this replica's memory together (each one's "
-        "estimate: about 130 MB of weights and optimiser state on the default architecture, plus up to "
-        "about 60 MB of training data); beyond it the least recently used is set down.  0: no bound "
-        "but TRACE_PREDICTOR_MAX_JOBS.",
+        description="Bytes the jobs' predictors may hold in this replica's memory together, by each one's "
+        "estimate (about 150 MB of weights, gradients and optimiser moments on the default architecture, "
+        "plus its training data; the process's resident memory grows by up to twice that per job, "
+        "allocator slack included); beyond it the least recently used is set down.  0: no bound but "
+        "TRACE_PREDICTOR_MAX_JOBS.",
     )
     trainer: bool = Field(
         default=True,

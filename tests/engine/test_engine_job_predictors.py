@@ -229,3 +229,17 @@ async def test_a_job_not_set_down_in_time_has_its_trees_queued_again(
     assert time.monotonic() - began < 10  # the deadline holds (far above 0.2 s on a busy machine)
     assert await wired.store.training_wanted() == ["job"]
     assert sorted(await wired.store.pop_completed("job", 10_000)) == sorted(learned)
+
+
+async def test_predictors_beyond_the_memory_budget_are_set_down(wired: Wired) -> None:
+    predictors = wired.engine.predictors
+    await train_job(wired, "first", 1.0, steps=1)
+    held = (await predictors.get("first")).memory_bytes
+    assert held > 0
+    assert wired.sample("trace_predictor_bytes", {"training_job": "first", "kind": "memory"}) == held
+    predictors.memory_budget = held + 1  # room for one job's predictor, not two
+    await train_job(wired, "second", 1.0, steps=1)
+    assert list(predictors._resident) == ["second"]  # the least recently used is set down
+    await asyncio.gather(*predictors._setting_down.values())
+    assert await wired.store.load_predictor("first") is not None
+    assert wired.sample("trace_predictor_bytes", {"training_job": "first", "kind": "set_down"}) > 0

@@ -8,9 +8,11 @@ new job starts clean (the configured checkpoint, else untrained) or, when its fi
 
 **Memory.**  A job that has learned nothing yet is served by one shared cold predictor and costs
 almost nothing (a bounded cache of them saves the store reads).  At most ``capacity`` jobs with a
-predictor of their own stay in memory; beyond that the least recently used is set down: its trainer
-writes the whole predictor, training data included, to the store (``TreeStore.save_predictor``) and
-gives up the job's lease, and the next request for the job loads it back, as it was.
+predictor of their own stay in memory, holding at most ``memory_budget`` bytes by their estimates;
+beyond either the least recently used is set down: its trainer writes the predictor (its published
+weights, its newest training data: ``SuccessPredictor.to_bytes``) to the store
+(``TreeStore.save_predictor``) and gives up the job's lease, and the next request for the job loads it
+back.  A stopping replica sets down every job it trains at once, within a deadline (:meth:`close`).
 
 **Replicas.**  Each job's weights are published under the job's keys and every replica loads them.
 One replica at a time holds a job's trainer lease; a replica takes new leases only up to its share of
