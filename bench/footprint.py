@@ -13,8 +13,9 @@ learned from expire ``--retention`` seconds later (``TRACE_TREE_RETENTION_SECOND
 window, the setting's least is 60 s), so the store should stop growing once a window's steps have
 passed.
 
-1. One steady job for ``--steps`` steps: store bytes per in-flight turn beyond its text (the turns of
-   one step applied before any rollout ends), per retained tree, the store after 10, 50 and 100 steps.
+1. One steady job for ``--steps`` steps: bytes per in-flight turn beyond its text (what the trees'
+   keys grow by, ``MEMORY USAGE``, as the turns of one step are applied before any rollout ends), per
+   retained tree, the store (``used_memory``) after 10, 50 and 100 steps.
 2. ``--jobs`` jobs for ``--job-steps`` steps each: bytes of each job's predictor state in the store,
    the store and the service's resident memory, and the time the service takes to stop (its lifespan's
    end: set down every predictor it trains, close the store) with all of them, against one job.
@@ -126,12 +127,14 @@ async def one_step(
                 )
                 parent = events[-1].node_id
             chains.append((tree.tree_id, events))
-    before = await store_bytes(engine) if in_flight is not None else 0
+    tree_ids = [tree.tree_id for tree in answer.trees]
+    before = await trees_bytes(engine, tree_ids) if in_flight is not None else 0
     turns = [event for _, events in chains for event in events]
     for start in range(0, len(turns), 512):
         await engine.intake.expand(turns[start : start + 512])
     if in_flight is not None:
-        in_flight += [await store_bytes(engine) - before, sum(len(e.text or "") for e in turns), len(turns)]
+        used = await trees_bytes(engine, tree_ids) - before
+        in_flight += [used, sum(len(e.text or "") for e in turns), len(turns)]
     ends = []
     for index, (tree_id, events) in enumerate(chains):
         n = next(_ids)
@@ -145,15 +148,14 @@ async def one_step(
     for tree in answer.trees:
         await engine.trees.tree(tree.tree_id)  # the trainer reads it
     await engine.predictors.refresh(train=True)
-    return [tree.tree_id for tree in answer.trees]
+    return tree_ids
 
 
-async def tree_bytes(engine: Engine, tree_id: str) -> int:
-    """What a tree's keys take in Redis (``MEMORY USAGE``, every value sampled)."""
-    sizes = [
-        await engine.store.redis.memory_usage(key, samples=0) for key in engine.store.keys.tree(tree_id).all
-    ]
-    return sum(size or 0 for size in sizes)
+async def trees_bytes(engine: Engine, tree_ids: list[str]) -> int:
+    """What the trees' keys take in Redis (``MEMORY USAGE``, every value sampled): their own bytes,
+    without what Redis buffers beside them (its append-only file's buffer holds the last writes)."""
+    keys = [key for tree_id in tree_ids for key in engine.store.keys.tree(tree_id).all]
+    return sum([await engine.store.redis.memory_usage(key, samples=0) or 0 for key in keys])
 
 
 async def steady_job(options: Options, steps: int, retention: int) -> None:
@@ -162,7 +164,7 @@ async def steady_job(options: Options, steps: int, retention: int) -> None:
             in_flight: list[int] = []
             sizes: dict[int, int] = {}
             tree_ids = await one_step(engine, "steady", 0, options, in_flight=in_flight)
-            retained = statistics.mean([await tree_bytes(engine, tree_id) for tree_id in tree_ids])
+            retained = await trees_bytes(engine, tree_ids) / len(tree_ids)
             began = time.monotonic()
             for step in range(1, steps + 1):
                 await one_step(engine, "steady", step, options)
