@@ -24,6 +24,7 @@ import argparse
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from unittest import mock
 
 import numpy as np
 import numpy.typing as npt
@@ -39,6 +40,7 @@ from trace_service.predictor import (
     Query,
     SuccessPredictor,
     TrainingExample,
+    training,
 )
 from trace_service.predictor.diagnostics import brier_score, expected_calibration_error, spearman
 
@@ -227,15 +229,73 @@ def print_table(title: str, rows: dict[str, dict[str, float | None]], columns: S
         print(f"{name:>22} {cells}")
 
 
+class StorageArms:
+    """``--storage``: the same trees also train a predictor whose weights stay float32 (as before the
+    eight-bit checkpoints) and one set down to bytes and loaded back after every step (as an evicted
+    job's), beside the default one."""
+
+    def __init__(self, config: PredictorConfig, steps_per_round: int) -> None:
+        self.config = config
+        self.steps_per_round = steps_per_round
+        self.float32 = SuccessPredictor(config)
+        self.set_down = SuccessPredictor(config)
+        self.set_down_bytes: list[int] = []
+
+    def learn(self, trees: list[SimTree]) -> None:
+        for tree in trees:
+            self.float32.add_examples(training_examples(tree))
+            self.set_down.add_examples(training_examples(tree))
+        with mock.patch.object(training, "round_to_checkpoint", return_value=None):
+            self.float32.train_round(self.steps_per_round)
+        self.set_down.train_round(self.steps_per_round)
+        blob = self.set_down.to_bytes(with_training_data=True)
+        self.set_down_bytes.append(len(blob))
+        self.set_down = SuccessPredictor.from_bytes(blob, self.config)
+
+    def rows(self, evaluation: Evaluation, depths: Sequence[int]) -> dict[str, dict[str, float | None]]:
+        return {
+            "  float32 (before)": evaluation.score(self.float32.predict(evaluation.queries), depths),
+            "  set down each step": evaluation.score(self.set_down.predict(evaluation.queries), depths),
+        }
+
+    def sizes(self, predictor: SuccessPredictor) -> str:
+        return (
+            f"  set-down predictor: {max(self.set_down_bytes) / 1e6:.1f} MB at most "
+            f"({self.set_down_bytes[-1] / 1e6:.1f} MB last); "
+            f"published weights: {len(predictor.to_bytes()) / 1e6:.1f} MB"
+        )
+
+
+def simulate(
+    arguments: argparse.Namespace,
+    workload: SimWorkload,
+    featurizer: HistoryFeaturizer,
+    rng: np.random.Generator,
+    after_step: Callable[[list[SimTree]], None] | None = None,
+) -> list[list[SimTree]]:
+    """``--steps`` steps of ``workload`` as the arguments shape them (:func:`run_steps`)."""
+    return run_steps(
+        workload,
+        featurizer,
+        PromptHistory(),
+        steps=arguments.steps,
+        pool=arguments.pool,
+        rollouts=arguments.rollouts,
+        continuations=arguments.continuations,
+        rng=rng,
+        after_step=after_step,
+    )
+
+
 def evaluate_vocabulary(arguments: argparse.Namespace, vocabulary_seed: int) -> SuccessPredictor:
     sim_config = SimConfig(
         prompts=arguments.prompts,
         feature_dim=arguments.feature_dim,
         vocabulary=VocabularyConfig(seed=vocabulary_seed),
     )
-    predictor = SuccessPredictor(
-        PredictorConfig(feature_dim=arguments.feature_dim, device="cpu", seed=arguments.seed)
-    )
+    config = PredictorConfig(feature_dim=arguments.feature_dim, device="cpu", seed=arguments.seed)
+    predictor = SuccessPredictor(config)
+    storage = StorageArms(config, arguments.steps_per_round) if arguments.storage else None
     featurizer = predictor.featurizer
     rng = np.random.default_rng([arguments.seed, vocabulary_seed])
     started = time.perf_counter()
@@ -250,20 +310,11 @@ def evaluate_vocabulary(arguments: argparse.Namespace, vocabulary_seed: int) -> 
         result = predictor.train_round(arguments.steps_per_round)
         training_seconds += time.perf_counter() - began
         trained_examples += result.steps * predictor.config.batch_size
+        if storage is not None:
+            storage.learn(trees)
 
     for seed in arguments.train_seeds:
-        workload = SimWorkload(sim_config, seed=seed)
-        run_steps(
-            workload,
-            featurizer,
-            PromptHistory(),
-            steps=arguments.steps,
-            pool=arguments.pool,
-            rollouts=arguments.rollouts,
-            continuations=arguments.continuations,
-            rng=rng,
-            after_step=learn,
-        )
+        simulate(arguments, SimWorkload(sim_config, seed=seed), featurizer, rng, learn)
         print(
             f"  vocabulary {vocabulary_seed}, trained on workload seed {seed}: version {predictor.version}, "
             f"{predictor.examples_seen} examples, {time.perf_counter() - started:.0f} s",
@@ -272,17 +323,7 @@ def evaluate_vocabulary(arguments: argparse.Namespace, vocabulary_seed: int) -> 
 
     evaluation_trees: list[SimTree] = []
     for seed in arguments.eval_seeds:
-        workload = SimWorkload(sim_config, seed=seed)
-        steps = run_steps(
-            workload,
-            featurizer,
-            PromptHistory(),
-            steps=arguments.steps,
-            pool=arguments.pool,
-            rollouts=arguments.rollouts,
-            continuations=arguments.continuations,
-            rng=rng,
-        )
+        steps = simulate(arguments, SimWorkload(sim_config, seed=seed), featurizer, rng)
         # Later steps, where recurring prompts have a history for the posterior baseline to use.
         evaluation_trees.extend(tree for trees in steps[arguments.steps // 2 :] for tree in trees)
     evaluation = Evaluation.of(evaluation_trees)
@@ -293,6 +334,9 @@ def evaluate_vocabulary(arguments: argparse.Namespace, vocabulary_seed: int) -> 
         "prompt history (Beta)": evaluation.score(posterior, depths),
         f"predictor v{predictor.version}": evaluation.score(predictor.predict(evaluation.queries), depths),
     }
+    if storage is not None:
+        rows |= storage.rows(evaluation, depths)
+        print(storage.sizes(predictor))
     nodes = int((evaluation.depth >= 1).sum())
     print_table(
         f"vocabulary seed {vocabulary_seed}: {len(evaluation_trees)} held-out trees (roots), "
@@ -359,6 +403,11 @@ def main() -> None:
     parser.add_argument("--feature-dim", type=int, default=0, help="client feature vectors (0: text only)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--storage",
+        action="store_true",
+        help="also train a float32 predictor and one set down and loaded back every step, side by side",
+    )
     arguments = parser.parse_args()
     torch.set_num_threads(arguments.threads)
     predictor = None

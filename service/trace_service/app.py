@@ -115,7 +115,7 @@ def create_app(
         finally:
             await _stop_loops(stop, tasks)
             with contextlib.suppress(RedisError, OSError):
-                await predictors.close()  # what this replica trains is written down before it goes
+                await predictors.close(settings.shutdown_seconds)  # what it trains is written down
             if store is None:
                 await tree_store.aclose()
             if embedded is not None:
@@ -182,6 +182,7 @@ async def _open_store(settings: Settings, store: TreeStore | None) -> tuple[Tree
         tree_ttl=settings.tree_ttl_seconds,
         job_ttl=settings.job_ttl_seconds,
         idempotency_ttl=settings.idempotency_ttl_seconds,
+        retention=settings.tree_retention_seconds,
     )
     return tree_store, embedded
 
@@ -195,6 +196,7 @@ async def _predictor_registry(settings: Settings, store: TreeStore, metrics: Met
         metrics,
         PredictorConfig(device=settings.predictor_device, feature_dim=settings.predictor_feature_dim),
         capacity=settings.predictor_max_jobs,
+        memory_budget=settings.predictor_memory_bytes,
         success_threshold=settings.success_threshold,
         train_steps=settings.train_steps_per_round,
         base=base,
@@ -241,7 +243,7 @@ def _start_loops(
     metrics: Metrics,
 ) -> list[asyncio.Task[None]]:
     """The replica's background work until ``stop`` is set: the embedded Redis's supervision, the
-    predictors' rounds and the sweeper."""
+    predictors' rounds, the sweeper and the store's measure against its budget."""
     return [
         *([asyncio.create_task(embedded.supervise(stop))] if embedded else []),
         asyncio.create_task(
@@ -255,6 +257,9 @@ def _start_loops(
         ),
         asyncio.create_task(
             _every(settings.sweep_interval_seconds, engine.sweeper.sweep, "sweeper", stop, metrics)
+        ),
+        asyncio.create_task(
+            _every(settings.sweep_interval_seconds, engine.budget.measure, "budget", stop, metrics)
         ),
     ]
 

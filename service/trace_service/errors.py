@@ -13,13 +13,15 @@ from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trace_proto import PROBLEM_MEDIA_TYPE, ErrorItem, ErrorResponse
-from trace_service.engine import NotFoundError
+from trace_service.engine import NotFoundError, StoreFullError
 from trace_service.middleware import request_id_of
 
 logger = logging.getLogger(__name__)
 
 #: Seconds a client should wait before retrying while the store is unreachable.
 STORE_RETRY_AFTER = 2
+#: Seconds a client should wait before allocating again while the store is full.
+STORE_FULL_RETRY_AFTER = 60
 
 
 def problem(
@@ -82,6 +84,12 @@ def install_error_handlers(app: FastAPI) -> None:
             headers={"Retry-After": str(STORE_RETRY_AFTER)},
         )
 
+    async def on_store_full(request: Request, exc: Exception) -> JSONResponse:
+        logger.warning("new work refused: %s", exc)
+        return problem(
+            request_id_of(request), 503, str(exc), headers={"Retry-After": str(STORE_FULL_RETRY_AFTER)}
+        )
+
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error", exc_info=exc)
         return problem(request_id_of(request), 500, "internal error; quote the request id when reporting it")
@@ -91,4 +99,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(NotFoundError, on_not_found)
     app.add_exception_handler(ValueError, on_value_error)
     app.add_exception_handler(RedisError, on_store_error)
+    app.add_exception_handler(StoreFullError, on_store_full)
     app.add_exception_handler(Exception, on_unexpected)

@@ -60,6 +60,8 @@ TRAINING_BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0
 
 #: The prior sources the predictor compares (``trace_service.predictor.Calibration.prior``).
 PRIOR_SOURCES: Final = ("network", "history")
+#: The kinds of a job's predictor bytes: published weights, set-down state (both in the store), memory.
+PREDICTOR_BYTES: Final = ("published", "set_down", "memory")
 #: A job's arms: its policy's trees and its control trees (``trace_service.allocation.gain``).
 ARMS: Final = ("policy", "control")
 #: The gain's units and the bounds of its interval (``trace_gain_ratio``).
@@ -103,8 +105,12 @@ METRIC_NAMES: Final[frozenset[str]] = frozenset(
         "trace_predictor_load_failures_total",
         "trace_predictor_resident_jobs",
         "trace_predictor_evictions_total",
+        "trace_predictor_bytes",
         "trace_store_errors_total",
         "trace_store_up",
+        "trace_store_bytes",
+        "trace_store_budget_bytes",
+        "trace_store_full_refusals_total",
     }
 )
 """The names PromQL uses for every metric: counters with ``_total``, histograms without the
@@ -375,6 +381,14 @@ class Metrics:
             "Jobs whose own predictor this replica keeps in memory (at most TRACE_PREDICTOR_MAX_JOBS).",
             registry=registry,
         )
+        self.predictor_bytes = Gauge(
+            "trace_predictor_bytes",
+            "Bytes of a job's predictor, by kind: its published weights and its set-down state in the "
+            "store (as this replica last wrote them), and its estimated size in this replica's memory.",
+            [JOB_LABEL, "kind"],
+            unit="bytes",
+            registry=registry,
+        )
         self.predictor_evictions = Counter(
             "trace_predictor_evictions_total",
             "Jobs' predictors set down to the store to make room for another job's.",
@@ -405,6 +419,25 @@ class Metrics:
             "1 when this replica's last tree store check succeeded, 0 otherwise.",
             registry=registry,
         )
+        self.store_bytes = Gauge(
+            "trace_store_bytes",
+            "Bytes the tree store holds, as last measured (Redis's used_memory; the in-process store: "
+            "the serialised size of its keys).",
+            unit="bytes",
+            registry=registry,
+        )
+        self.store_budget_bytes = Gauge(
+            "trace_store_budget_bytes",
+            "The store's byte budget (TRACE_STORE_MAX_BYTES, else 90% of Redis's maxmemory; 0: none): "
+            "at it, new allocations are refused (503) while trees in flight finish.",
+            unit="bytes",
+            registry=registry,
+        )
+        self.store_full_refusals = Counter(
+            "trace_store_full_refusals",
+            "Allocations refused because the store reached its byte budget.",
+            registry=registry,
+        )
 
     def _per_job_series(self) -> list[tuple[MetricWrapperBase, tuple[tuple[str, ...], ...]]]:
         """Every family with a ``training_job`` label, with the values of its other labels."""
@@ -432,6 +465,7 @@ class Metrics:
             (self.predictor_prior_log_likelihood, tuple((source,) for source in PRIOR_SOURCES)),
             (self.predictor_prior_concentration, ((),)),
             (self.predictor_continuation_freshness, ((),)),
+            (self.predictor_bytes, tuple((kind,) for kind in PREDICTOR_BYTES)),
         ]
 
     def job_label(self, job: str) -> str:

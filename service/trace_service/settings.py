@@ -42,8 +42,23 @@ class Settings(BaseSettings):
         "start, then stops with one line saying why (an orchestrator restarts it).",
     )
     store_prefix: str = "trace"
+    store_max_bytes: int = Field(
+        default=0,
+        ge=0,
+        description="The store's byte budget: once it holds this much (Redis's used_memory), new "
+        "allocations are answered 503 while the trees in flight finish.  0: 90% of Redis's maxmemory "
+        "when it has one, else no budget.",
+    )
     tree_ttl_seconds: int = Field(
         default=7 * 24 * 3600, ge=60, description="Trees expire this long after their last update."
+    )
+    tree_retention_seconds: int = Field(
+        default=3600,
+        ge=60,
+        description="A finished tree that its trainer has read (GET /v1/trees/{id}) and its job's "
+        "predictor has learned from expires this long after the later of the two (sooner if its TTL "
+        "says so): long enough for a trainer that failed a step to read it again; job statistics keep "
+        "their sums, the predictor its own compact training data.  A tree in flight is never cut short.",
     )
     job_ttl_seconds: int = Field(default=30 * 24 * 3600, ge=60)
     idempotency_ttl_seconds: int = Field(default=24 * 3600, ge=60)
@@ -88,9 +103,18 @@ class Settings(BaseSettings):
     predictor_max_jobs: int = Field(
         default=16,
         ge=1,
-        description="Jobs whose own predictor this replica keeps in memory (about 50 MB each on the "
-        "default architecture, plus its training data); beyond it the least recently used is written to "
-        "the store and loaded back on its next request.",
+        description="Jobs whose own predictor this replica keeps in memory; beyond it (or beyond "
+        "TRACE_PREDICTOR_MEMORY_BYTES) the least recently used is written to the store (about 10 MB "
+        "on the default architecture) and loaded back on its next request.",
+    )
+    predictor_memory_bytes: int = Field(
+        default=2 << 30,
+        ge=0,
+        description="Bytes the jobs' predictors may hold in this replica's memory together, by each one's "
+        "estimate (about 150 MB of weights, gradients and optimiser moments on the default architecture, "
+        "plus its training data; the process's resident memory grows by up to twice that per job, "
+        "allocator slack included); beyond it the least recently used is set down.  0: no bound but "
+        "TRACE_PREDICTOR_MAX_JOBS.",
     )
     trainer: bool = Field(
         default=True,
@@ -123,6 +147,13 @@ class Settings(BaseSettings):
         "this is set.",
     )
     sweep_interval_seconds: float = Field(default=5.0, gt=0)
+    shutdown_seconds: float = Field(
+        default=8.0,
+        gt=0,
+        description="At SIGTERM, the time given to setting down the predictors this replica trains (all "
+        "at once); a job not set down by then keeps its last state in the store and has the trees it "
+        "learned from since queued again.  Keep it under the orchestrator's grace period (30 s).",
+    )
 
     @field_validator("predictor_device")
     @classmethod

@@ -128,7 +128,9 @@ async def test_a_replica_taking_a_jobs_lease_trains_on_from_what_its_trainer_set
     other = replica_of(wired)
     serving = await other.get("job")  # the copy a serving replica holds: weights, no training data
     assert serving.version >= 1 and len(serving.predictor._replay) == 0
-    await first.close()  # the trainer stops: the job's whole predictor is in the store, its lease free
+    await first.close(
+        seconds=30.0
+    )  # the trainer stops: the job's whole predictor is in the store, its lease free
     await complete_step(wired, "job", 2, 1.0)
     await other.refresh(train=True)
     trained = await other.get("job")
@@ -203,8 +205,41 @@ async def test_deleting_a_job_takes_its_predictor_from_every_replica(wired: Wire
 async def test_closing_sets_down_what_this_replica_trains(wired: Wired) -> None:
     await train_job(wired, "job", 1.0, steps=2)
     trained = await wired.engine.predictors.get("job")
-    await wired.engine.predictors.close()
+    await wired.engine.predictors.close(seconds=30.0)
     restarted = replica_of(wired)
     loaded = await restarted.get("job")
     assert loaded.version == trained.version
     assert len(loaded.predictor._replay) == len(trained.predictor._replay) > 0
+
+
+async def test_a_job_not_set_down_in_time_has_its_trees_queued_again(
+    wired: Wired, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await train_job(wired, "job", 1.0, steps=2)
+    learned = list((await wired.engine.predictors.get("job")).unsaved)
+    assert learned and await wired.store.training_wanted() == []
+
+    async def stuck(job: str, blob: bytes) -> bool:
+        await asyncio.Event().wait()  # a store that never answers in time
+        return True
+
+    monkeypatch.setattr(wired.store, "save_predictor", stuck)
+    began = time.monotonic()
+    await wired.engine.predictors.close(seconds=0.2)
+    assert time.monotonic() - began < 10  # the deadline holds (far above 0.2 s on a busy machine)
+    assert await wired.store.training_wanted() == ["job"]
+    assert sorted(await wired.store.pop_completed("job", 10_000)) == sorted(learned)
+
+
+async def test_predictors_beyond_the_memory_budget_are_set_down(wired: Wired) -> None:
+    predictors = wired.engine.predictors
+    await train_job(wired, "first", 1.0, steps=1)
+    held = (await predictors.get("first")).memory_bytes
+    assert held > 0
+    assert wired.sample("trace_predictor_bytes", {"training_job": "first", "kind": "memory"}) == held
+    predictors.memory_budget = held + 1  # room for one job's predictor, not two
+    await train_job(wired, "second", 1.0, steps=1)
+    assert list(predictors._resident) == ["second"]  # the least recently used is set down
+    await asyncio.gather(*predictors._setting_down.values())
+    assert await wired.store.load_predictor("first") is not None
+    assert wired.sample("trace_predictor_bytes", {"training_job": "first", "kind": "set_down"}) > 0

@@ -346,6 +346,11 @@ def populate(metrics: Metrics) -> None:
     metrics.predictor_load_failures.inc(0)
     metrics.store_errors.labels("apply_events").inc()
     metrics.store_up.set(1)
+    metrics.store_bytes.set(700e6)
+    metrics.store_budget_bytes.set(1e9)
+    metrics.store_full_refusals.inc(0)
+    for kind, size in (("published", 6.5e6), ("set_down", 6.7e6), ("memory", 150e6)):
+        metrics.predictor_bytes.labels("run-a", kind).set(size)
 
 
 class Prometheus:

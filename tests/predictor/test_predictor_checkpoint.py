@@ -104,13 +104,13 @@ def test_a_checkpoint_with_training_data_gives_back_the_whole_predictor(
         before, after = getattr(predictor, name).oldest_first(), getattr(restored, name).oldest_first()
         assert len(after) == len(before) > 0
         assert [described(item) for item in after] == [described(item) for item in before]
-    # Both go on alike: the same examples give the same next round, to the last bit (the trained
-    # weights, the optimiser's moments and the random streams came back too).
+    # Both go on: the restored one from its published weights with fresh optimiser moments (the set-down
+    # state keeps neither the trained weights nor the moments), so the next round is close, not equal.
     more = synthetic_task.examples(synthetic_task.tree(predictor.featurizer, rng, "more"))
     for each in (predictor, restored):
         each.add_examples(more)
     assert restored.train_round(max_steps=2).steps == predictor.train_round(max_steps=2).steps > 0
-    np.testing.assert_array_equal(restored.predict(queries), predictor.predict(queries))
+    np.testing.assert_allclose(restored.predict(queries), predictor.predict(queries), atol=0.05)
     # The plain checkpoint (what replicas publish) holds no training data.
     assert len(SuccessPredictor.from_bytes(predictor.to_bytes())._replay) == 0
 
@@ -125,10 +125,14 @@ def test_malformed_training_data_is_a_checkpoint_error() -> None:
         with pytest.raises(CheckpointError, match="training data"):  # a history that does not exist
             SuccessPredictor.from_bytes(encode_checkpoint(damaged, state))
     values = state["training_data.token_values"].clone()
-    values[0] = 1 << 40  # no bucket
+    values[0] = tiny_config().num_buckets  # no bucket
     with pytest.raises(CheckpointError, match="token ids outside"):
         SuccessPredictor.from_bytes(
             encode_checkpoint(header, {**state, "training_data.token_values": values})
+        )
+    with pytest.raises(CheckpointError, match="token values are int64"):  # not the narrow type
+        SuccessPredictor.from_bytes(
+            encode_checkpoint(header, {**state, "training_data.token_values": values.long()})
         )
 
 

@@ -362,3 +362,34 @@ async def test_every_status_change_is_a_transition_of_the_life_cycle(store: Tree
     for path in (seen, closed):
         for before, after in itertools.pairwise(path):
             assert before == after or after in TRANSITIONS[before], (before, after)
+
+
+# --- retention by need ----------------------------------------------------------------------------
+
+
+async def ttls(store: TreeStore, tree_id: str) -> list[int]:
+    """The expiry of each key the tree has (-2: a key never written, such as an unused predictions)."""
+    return [ttl for key in store.keys.tree(tree_id).all if (ttl := await store.redis.ttl(key)) != -2]
+
+
+async def test_a_finished_tree_read_and_learned_from_expires_within_the_retention_window(
+    store: TreeStore,
+) -> None:
+    store.retention = 90  # the fixture's trees live 600 s
+    await store.create_trees([new_tree("t1")], now=1.0)
+    await settle_bare(store, "t1")
+    assert not await store.retain_tree("t1", "read")  # read, not yet learned from
+    assert min(await ttls(store, "t1")) > 90
+    assert await store.retain_tree("t1", "learned")
+    assert all(0 < ttl <= 90 for ttl in await ttls(store, "t1"))
+    assert await store.load_tree("t1") is not None  # still readable within the window
+
+
+async def test_a_tree_in_flight_is_never_shortened_by_retention(store: TreeStore) -> None:
+    store.retention = 90
+    await store.create_trees([new_tree("t1")], now=1.0)
+    await apply(store, "t1", [turn("t1", "a1")])  # one turn; no rollout has ended
+    assert not await store.retain_tree("t1", "read")
+    assert not await store.retain_tree("t1", "learned")
+    assert min(await ttls(store, "t1")) > 90
+    assert not await store.retain_tree("gone", "read")  # an unknown tree: nothing to mark

@@ -3,6 +3,7 @@ calls on the component they need; the algorithms are the pure functions of ``tra
 and ``trace_service.allocation.tree``.
 
 - ``allocate``: POST /v1/allocate (idempotency, predictions, Stage 1)
+- ``budget``: the store's byte budget (new work refused when it is full)
 - ``intake``: POST /v1/expand (events, the follow-ups they make due, re-offers)
 - ``stage2_rounds``: one Stage 2 round of one tree, decided (``trace_service.allocation.branching``)
   and recorded
@@ -21,6 +22,7 @@ import time
 from dataclasses import dataclass
 
 from trace_service.engine.allocate import Allocation
+from trace_service.engine.budget import StoreBudget, StoreFullError
 from trace_service.engine.common import Clock, IdempotencyConflictError, NotFoundError
 from trace_service.engine.completion import Completion
 from trace_service.engine.evidence import JobEvidence
@@ -49,6 +51,8 @@ __all__ = [
     "Predictions",
     "Readiness",
     "Stage2",
+    "StoreBudget",
+    "StoreFullError",
     "Sweeper",
     "Trees",
     "build_engine",
@@ -73,6 +77,7 @@ class Engine:
     jobs: Jobs
     predictions: Predictions
     readiness: Readiness
+    budget: StoreBudget
 
 
 def build_engine(
@@ -86,11 +91,12 @@ def build_engine(
     completion = Completion(store, metrics, settings.evidence_window)
     stage2 = Stage2(store, predictors, settings, metrics, completion, clock)
     evidence = JobEvidence(store, settings.evidence_half_life_steps)
+    budget = StoreBudget(store, metrics, settings.store_max_bytes)
     return Engine(
         store=store,
         predictors=predictors,
         evidence=evidence,
-        allocation=Allocation(store, predictors, evidence, metrics, clock),
+        allocation=Allocation(store, predictors, evidence, budget, metrics, clock),
         intake=Intake(store, predictors.featurizer, settings, metrics, stage2, completion, clock),
         instructions=Instructions(store, settings, metrics, clock),
         sweeper=Sweeper(store, settings, stage2, completion, clock),
@@ -99,4 +105,5 @@ def build_engine(
         jobs=Jobs(store, predictors),
         predictions=Predictions(store, predictors),
         readiness=Readiness(store, predictors, metrics),
+        budget=budget,
     )

@@ -20,6 +20,7 @@ from trace_service.allocation import (
 from trace_service.allocation.control_share import RootPlan, plan_roots
 from trace_service.allocation.split import Split
 from trace_service.allocation.trust import Trust
+from trace_service.engine.budget import StoreBudget
 from trace_service.engine.common import Clock, IdempotencyConflictError, fresh_ids
 from trace_service.engine.evidence import JobEvidence, budget_split, trust_map
 from trace_service.metrics import OTHER_JOBS, Metrics
@@ -39,12 +40,14 @@ class Allocation:
         store: TreeStore,
         predictors: PredictorRegistry,
         evidence: JobEvidence,
+        budget: StoreBudget,
         metrics: Metrics,
         clock: Clock,
     ) -> None:
         self.store = store
         self.predictors = predictors
         self.evidence = evidence
+        self.budget = budget
         self.metrics = metrics
         self.clock = clock
         self._rng = np.random.default_rng()
@@ -71,6 +74,7 @@ class Allocation:
             response = _remembered(idempotency_key, fingerprint, reads.remembered)
             await self._index(request, response)  # in case the first attempt stopped before it
             return response
+        self.budget.check_new_work()  # an answer already given is not new work
         with self.metrics.allocate_duration.labels(request.policy.value).time():
             trust = (
                 await self.evidence.fitted(reads.control_groups, reads.policy_groups) if calibrated else None

@@ -44,9 +44,14 @@ class Trees:
 
     async def tree(self, tree_id: str) -> bytes:
         threshold = self.settings.success_threshold
-        exported = await self.store.with_tree(tree_id, lambda tree: export_tree(tree, threshold))
-        if exported is None:
+        read = await self.store.with_tree(
+            tree_id, lambda tree: (export_tree(tree, threshold), tree.meta.status in FINISHED)
+        )
+        if read is None:
             raise NotFoundError(f"unknown tree {tree_id!r} (it may have expired)")
+        exported, finished = read
+        if finished:  # the trainer has what it needs of it (retention by need)
+            await self.store.retain_tree(tree_id, "read")
         return exported
 
     async def close(self, tree_id: str) -> bytes:
@@ -65,6 +70,7 @@ class Trees:
         if before not in FINISHED:
             await self.store.dequeue_instructions(job, [(tree_id, i) for i in instructions])
             await self.completion.completed(tree_id)
+        await self.store.retain_tree(tree_id, "read")
         return exported
 
 

@@ -1,15 +1,18 @@
 """The predictor's training data as checkpoint content, so that a job's predictor written to the store
-and read back (evicted from a replica's memory, reloaded on its next request) has lost nothing: its
-replay and held-out examples, its calibration groups, in their FIFO order.
+and read back (evicted from a replica's memory, reloaded on its next request) goes on learning from
+what it learned from: the newest of its replay and held-out examples and its calibration groups, in
+their FIFO order, within a budget of bytes (``PredictorConfig.training_data_bytes``).
 
 Histories share their token arrays (a node's encoding extends its parent's), so each array and each
 history is written once and referred to by index: a header of JSON rows (:func:`pack_training_data`)
-beside four flat tensors, token ids and feature values with their offsets.  Nothing is unpickled on
+beside four flat tensors, token ids (in the narrowest integer type that holds them) and feature values
+with their offsets.  Nothing is unpickled on
 the way back (the checkpoint loads tensors with ``weights_only``).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,23 +30,28 @@ TENSOR_PREFIX = "training_data."
 
 @dataclass(frozen=True)
 class TrainingData:
-    """Everything the predictor learns from, each buffer as it is laid out (``FifoBuffer.layout``:
-    training samples by position), and the counters that pace it."""
+    """Everything the predictor learns from, each buffer oldest first, and the counters that pace it."""
 
     replay: list[TrainingExample]
     holdout: list[TrainingExample]
     groups: list[RootGroup]
     holdout_groups: list[RootGroup]
-    next_slots: tuple[int, int, int, int]  # each buffer's next slot to overwrite, in that order
     trees_added: int
     sample_allowance: float
 
 
+def token_dtype(num_buckets: int) -> type[np.generic]:
+    """The narrowest integer type that holds every token id of ``num_buckets`` buckets."""
+    return np.uint16 if num_buckets <= 1 << 16 else np.int32
+
+
 class _Arrays:
-    """Arrays written once each (by identity), concatenated with their offsets."""
+    """Arrays written once each (by identity), concatenated with their offsets; ``size`` counts the
+    bytes they take."""
 
     def __init__(self, dtype: type[np.generic]) -> None:
         self.dtype = dtype
+        self.size = 0
         self._index: dict[int, int] = {}
         self._parts: list[npt.NDArray[Any]] = []
 
@@ -54,6 +62,7 @@ class _Arrays:
         if key not in self._index:
             self._index[key] = len(self._parts)
             self._parts.append(array)
+            self.size += array.size * np.dtype(self.dtype).itemsize + 8  # and its offset
         return self._index[key]
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,52 +72,78 @@ class _Arrays:
         return torch.from_numpy(values), torch.from_numpy(offsets)
 
 
-def pack_training_data(data: TrainingData) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """The header rows and tensors (names under :data:`TENSOR_PREFIX`) that hold ``data``."""
-    tokens, features = _Arrays(np.int64), _Arrays(np.float32)
-    histories: dict[int, int] = {}
-    rows: list[list[Any]] = []
+class _Packer:
+    """The header rows and arrays of the training data, with the bytes they take so far."""
 
-    def history(encoded: EncodedHistory) -> int:
+    def __init__(self, num_buckets: int) -> None:
+        self.tokens, self.features = _Arrays(token_dtype(num_buckets)), _Arrays(np.float32)
+        self.rows: list[list[Any]] = []
+        self.row_bytes = 0
+        self._histories: dict[int, int] = {}
+
+    @property
+    def size(self) -> int:
+        return self.tokens.size + self.features.size + self.row_bytes
+
+    def history(self, encoded: EncodedHistory) -> int:
         key = id(encoded)
-        if key not in histories:
-            histories[key] = len(rows)
-            rows.append(
+        if key not in self._histories:
+            self._histories[key] = len(self.rows)
+            self.row(
                 [
                     encoded.prompt_id,
-                    tokens.add(encoded.prompt_tokens),
-                    [tokens.add(turn) for turn in encoded.turn_tokens],
+                    self.tokens.add(encoded.prompt_tokens),
+                    [self.tokens.add(turn) for turn in encoded.turn_tokens],
                     encoded.prompt_token_count,
                     list(encoded.turn_token_counts),
-                    features.add(encoded.prompt_features),
-                    features.add(encoded.latest_features),
+                    self.features.add(encoded.prompt_features),
+                    self.features.add(encoded.latest_features),
                     encoded.turn_token_total,
-                ]
+                ],
+                self.rows,
             )
-        return histories[key]
+        return self._histories[key]
 
-    def examples(items: list[TrainingExample]) -> list[list[Any]]:
-        return [
-            [history(e.history), e.target, e.weight, e.outcomes.successes, e.outcomes.trials] for e in items
-        ]
+    def row(self, row: list[Any], rows: list[list[Any]]) -> None:
+        rows.append(row)
+        self.row_bytes += len(json.dumps(row)) + 2
 
-    def groups(items: list[RootGroup]) -> list[list[Any]]:
-        return [
-            [history(g.root), g.successes, g.trials, g.outcomes.successes, g.outcomes.trials] for g in items
-        ]
 
-    header = {
-        "replay": examples(data.replay),
-        "holdout": examples(data.holdout),
-        "groups": groups(data.groups),
-        "holdout_groups": groups(data.holdout_groups),
-        "next_slots": list(data.next_slots),
+def pack_training_data(
+    data: TrainingData, num_buckets: int, budget: int
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The header rows and tensors (names under :data:`TENSOR_PREFIX`) that hold ``data``, newest first
+    within about ``budget`` bytes: the held-out groups may fill an eighth of it, with the groups a
+    quarter, with the held-out examples three eighths, and the replay the rest (each buffer stops
+    before the item that starts past its share, so the whole passes ``budget`` by one history at
+    most).  What does not fit is the oldest, which the FIFO buffers would drop first anyway."""
+    packer = _Packer(num_buckets)
+
+    def newest(items: list[Any], share: float, row: Any) -> list[list[Any]]:
+        rows: list[list[Any]] = []
+        for item in reversed(items):
+            if packer.size >= share * budget:
+                break
+            packer.row(row(item), rows)
+        return rows[::-1]
+
+    def example(e: TrainingExample) -> list[Any]:
+        return [packer.history(e.history), e.target, e.weight, e.outcomes.successes, e.outcomes.trials]
+
+    def group(g: RootGroup) -> list[Any]:
+        return [packer.history(g.root), g.successes, g.trials, g.outcomes.successes, g.outcomes.trials]
+
+    header: dict[str, Any] = {
+        "holdout_groups": newest(data.holdout_groups, 1 / 8, group),
+        "groups": newest(data.groups, 2 / 8, group),
+        "holdout": newest(data.holdout, 3 / 8, example),
+        "replay": newest(data.replay, 1, example),
         "trees_added": data.trees_added,
         "sample_allowance": data.sample_allowance,
+        "histories": packer.rows,
     }
-    header["histories"] = rows  # after the buffers: they fill it
-    token_values, token_offsets = tokens.tensors()
-    feature_values, feature_offsets = features.tensors()
+    token_values, token_offsets = packer.tokens.tensors()
+    feature_values, feature_offsets = packer.features.tensors()
     tensors = {
         f"{TENSOR_PREFIX}token_values": token_values,
         f"{TENSOR_PREFIX}token_offsets": token_offsets,
@@ -124,10 +159,10 @@ def unpack_training_data(
     """Inverse of :func:`pack_training_data` for a predictor of this bucket count and feature size;
     raises :class:`CheckpointError` on anything malformed."""
     try:
-        tokens = _slices(tensors, "token", np.int64)
+        tokens = _slices(tensors, "token", token_dtype(num_buckets), np.int64)
         if any(ids.size and (ids.min() < 0 or ids.max() >= num_buckets) for ids in tokens):
             raise ValueError(f"token ids outside [0, {num_buckets})")
-        features = _slices(tensors, "feature", np.float32)
+        features = _slices(tensors, "feature", np.float32, np.float32)
 
         def array(slices: list[npt.NDArray[Any]], index: Any) -> npt.NDArray[Any] | None:
             if index == -1:
@@ -183,7 +218,6 @@ def unpack_training_data(
             holdout=examples(header["holdout"]),
             groups=groups(header["groups"]),
             holdout_groups=groups(header["holdout_groups"]),
-            next_slots=_next_slots(header["next_slots"]),
             trees_added=int(header["trees_added"]),
             sample_allowance=float(header["sample_allowance"]),
         )
@@ -191,9 +225,15 @@ def unpack_training_data(
         raise CheckpointError(f"checkpoint has malformed training data: {error!r}") from None
 
 
-def _slices(tensors: dict[str, torch.Tensor], kind: str, dtype: type[np.generic]) -> list[npt.NDArray[Any]]:
-    """The read-only arrays of one kind: views of its concatenated values between its offsets."""
-    values = tensors[f"{TENSOR_PREFIX}{kind}_values"].numpy().astype(dtype, copy=False)
+def _slices(
+    tensors: dict[str, torch.Tensor], kind: str, stored: type[np.generic], loaded: type[np.generic]
+) -> list[npt.NDArray[Any]]:
+    """The read-only arrays of one kind (written as ``stored``, given back as ``loaded``): views of its
+    concatenated values between its offsets."""
+    values = tensors[f"{TENSOR_PREFIX}{kind}_values"].numpy()
+    if values.dtype != stored:
+        raise ValueError(f"{kind} values are {values.dtype}, not {np.dtype(stored)}")
+    values = values.astype(loaded)
     offsets = tensors[f"{TENSOR_PREFIX}{kind}_offsets"].numpy()
     if offsets.ndim != 1 or offsets.size == 0 or offsets[0] != 0 or offsets[-1] != values.size:
         raise ValueError(f"{kind} offsets do not cover their values")
@@ -201,10 +241,3 @@ def _slices(tensors: dict[str, torch.Tensor], kind: str, dtype: type[np.generic]
         raise ValueError(f"{kind} offsets decrease")
     values.flags.writeable = False
     return [values[start:end] for start, end in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)]
-
-
-def _next_slots(value: Any) -> tuple[int, int, int, int]:
-    slots = tuple(int(slot) for slot in value)
-    if len(slots) != 4 or min(slots) < 0:
-        raise ValueError(f"next slots {value!r} are not four counts")
-    return slots

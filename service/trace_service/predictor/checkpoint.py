@@ -7,7 +7,7 @@ Layout (all integers little-endian)::
     length   4 bytes   unsigned, byte length of the header
     digest  32 bytes   SHA-256 of header + payload
     header   length    UTF-8 JSON object (predictor version, configuration, counters)
-    payload  rest      torch.save of the model's state dict, loaded back with weights_only=True
+    payload  rest      torch.save of the tensors (``checkpoint_content``), loaded with weights_only=True
 
 Any truncation or flipped byte fails the digest, and a corrupt file raises :class:`CheckpointError`
 before anything is deserialised, so the caller can keep the weights it has.
@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 MAGIC = b"TRACEPRD"
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2
 _PREAMBLE = struct.Struct("<8sHI32s")
 
 

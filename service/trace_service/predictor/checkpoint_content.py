@@ -1,7 +1,6 @@
-"""What a predictor's checkpoint holds beside the model's weights: its header (:class:`PredictorHeader`)
-and, in a predictor set down whole, the state its trainer goes on from (the trained weights, the
-optimiser's moments, the random streams).  The format is ``checkpoint``'s; the training data
-``archive``'s."""
+"""What a predictor's checkpoint holds beside the model's weights: its header (:class:`PredictorHeader`),
+the compact form of its embedding tables, and, in a predictor set down whole, its trainer's random
+streams.  The format is ``checkpoint``'s; the training data ``archive``'s."""
 
 from __future__ import annotations
 
@@ -18,6 +17,7 @@ from trace_service.predictor.calibration import Calibration
 from trace_service.predictor.checkpoint import CheckpointError
 from trace_service.predictor.examples import RunningMoments
 from trace_service.predictor.features import TOKEN_HASHING
+from trace_service.predictor.quantize import dequantize_rows, quantize_rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,48 +82,61 @@ def _freshness_from_json(value: Any) -> FreshnessEstimate:
     return FreshnessEstimate(float(value[0]), float(value[1]))
 
 
-#: The prefix of the trainer's tensors among a checkpoint's model weights.
+#: The prefix of the trainer's tensors among a checkpoint's tensors.
 TRAINER_PREFIX = "trainer."
-_MODEL = f"{TRAINER_PREFIX}model."
-_OPTIMIZER = f"{TRAINER_PREFIX}optimizer."
 _DROPOUT = f"{TRAINER_PREFIX}dropout"
+#: The suffix of an embedding table's row exponents (its int8 values keep the table's name).
+_EXPONENTS = ".exponents"
 
 
-def pack_trainer_state(
-    model: nn.Module, optimizer: torch.optim.Optimizer, dropout: torch.Generator, rng: np.random.Generator
-) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """The header and the tensors (names under :data:`TRAINER_PREFIX`) that hold the trainer's state."""
-    state = optimizer.state_dict()
-    tensors = {f"{_MODEL}{name}": value for name, value in model.state_dict().items()}
-    for index, moments in state["state"].items():
-        tensors |= {f"{_OPTIMIZER}{index}.{name}": value for name, value in moments.items()}
-    tensors[_DROPOUT] = dropout.get_state()
-    header = {"param_groups": state["param_groups"], "rng": rng.bit_generator.state}
-    return header, tensors
+def compact_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A model's weights as a checkpoint holds them: every embedding table (a name ending in
+    ``bag.weight``) in eight bits with its row exponents (``quantize``), the rest as they are."""
+    compact: dict[str, torch.Tensor] = {}
+    for name, value in state.items():
+        if name.endswith("bag.weight"):
+            compact[name], compact[name + _EXPONENTS] = quantize_rows(value)
+        else:
+            compact[name] = value
+    return compact
 
 
-def restore_trainer_state(
-    header: Any,
-    tensors: dict[str, torch.Tensor],
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    dropout: torch.Generator,
-    rng: np.random.Generator,
-) -> None:
-    """Load what :func:`pack_trainer_state` wrote into the trainer's model, its (new) optimiser and its
-    random streams; a malformed state raises :class:`CheckpointError`."""
+def expand_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Inverse of :func:`compact_weights` (other tensors of the checkpoint pass through)."""
     try:
-        weights = {
-            name.removeprefix(_MODEL): value for name, value in tensors.items() if name.startswith(_MODEL)
+        return {
+            name: dequantize_rows(value, state[name + _EXPONENTS]) if name.endswith("bag.weight") else value
+            for name, value in state.items()
+            if not name.endswith(_EXPONENTS)
         }
-        moments: dict[int, dict[str, torch.Tensor]] = {}
-        for name, value in tensors.items():
-            if name.startswith(_OPTIMIZER):
-                index, moment = name.removeprefix(_OPTIMIZER).split(".", 1)
-                moments.setdefault(int(index), {})[moment] = value
-        model.load_state_dict(weights)
-        optimizer.load_state_dict({"state": moments, "param_groups": header["param_groups"]})
+    except (KeyError, ValueError) as error:
+        raise CheckpointError(f"checkpoint has a malformed embedding table: {error!r}") from None
+
+
+def round_to_checkpoint(model: nn.Module) -> None:
+    """Give ``model``'s embedding tables the precision a checkpoint keeps, in place: what is served
+    from it is then what every replica that loads its checkpoint serves."""
+    with torch.no_grad():
+        for name, value in model.state_dict().items():
+            if name.endswith("bag.weight"):
+                value.copy_(dequantize_rows(*quantize_rows(value)).to(value.device))
+
+
+def pack_random_streams(
+    dropout: torch.Generator, rng: np.random.Generator
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The header and the tensor (named under :data:`TRAINER_PREFIX`) that hold the trainer's random
+    streams: a predictor set down goes on drawing its minibatches and dropout masks where it stopped.
+    Its trained weights and optimiser moments are not kept (``SuccessPredictor.to_bytes``)."""
+    return {"rng": rng.bit_generator.state}, {_DROPOUT: dropout.get_state()}
+
+
+def restore_random_streams(
+    header: Any, tensors: dict[str, torch.Tensor], dropout: torch.Generator, rng: np.random.Generator
+) -> None:
+    """Load what :func:`pack_random_streams` wrote; a malformed state raises :class:`CheckpointError`."""
+    try:
         dropout.set_state(tensors[_DROPOUT])
         rng.bit_generator.state = header["rng"]
     except (KeyError, TypeError, ValueError, RuntimeError) as error:
-        raise CheckpointError(f"checkpoint has a malformed trainer state: {error!r}") from None
+        raise CheckpointError(f"checkpoint has malformed random streams: {error!r}") from None

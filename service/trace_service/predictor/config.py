@@ -41,6 +41,9 @@ class PredictorConfig:
     weight_averaging: float = 0.99
     batch_size: int = 256
     replay_capacity: int = 65_536
+    # Bytes of training data a predictor set down keeps, newest first (``archive``): with the weights,
+    # about 10 MB per job in the store.
+    training_data_bytes: int = 3 << 20
     # Minibatch samples allowed per training example added (bounds training on a stale buffer).
     replay_ratio: float = 8.0
     # Every k-th completed tree is held out of training for diagnostics (0: none).
@@ -58,6 +61,7 @@ class PredictorConfig:
             "max_history_tokens",
             "batch_size",
             "replay_capacity",
+            "training_data_bytes",
             "holdout_capacity",
             "inference_batch_size",
             "calibration_bins",

@@ -64,6 +64,28 @@ class RootGroup:
             raise ValueError(f"need 0 <= successes <= trials, got {self.successes}/{self.trials}")
 
 
+#: Python's own bytes per training example beside its arrays (the example, its history, their fields).
+_OBJECT_BYTES = 400
+
+
+def training_data_bytes(histories: Sequence[EncodedHistory]) -> int:
+    """An estimate of the memory the histories of a predictor's training data hold: each distinct token
+    and feature array once (histories share their ancestors'), and the objects around them."""
+    seen: set[int] = set()
+    total = _OBJECT_BYTES * len(histories)
+    for history in histories:
+        for array in (
+            history.prompt_tokens,
+            *history.turn_tokens,
+            history.prompt_features,
+            history.latest_features,
+        ):
+            if array is not None and id(array) not in seen:
+                seen.add(id(array))
+                total += array.nbytes
+    return total
+
+
 class FifoBuffer(Generic[Item]):
     """The most recent ``capacity`` items; the oldest is overwritten first."""
 
@@ -87,21 +109,10 @@ class FifoBuffer(Generic[Item]):
         """The items in the order they came."""
         return self._items[self._next :] + self._items[: self._next]
 
-    @property
-    def layout(self) -> tuple[list[Item], int]:
-        """The items as stored and the slot the next one overwrites: :meth:`restore` takes them back."""
-        return list(self._items), self._next
-
-    def restore(self, items: Sequence[Item], next_slot: int) -> None:
-        """Hold ``items`` laid out as :attr:`layout` gave them; in a buffer of another capacity, the
-        newest that fit."""
-        if len(items) <= self._capacity and (
-            next_slot == 0 or (len(items) == self._capacity > next_slot > 0)
-        ):
-            self._items, self._next = list(items), next_slot
-            return
+    def restore(self, items: Sequence[Item]) -> None:
+        """Hold ``items`` (oldest first, as :meth:`oldest_first` gave them): the newest that fit."""
         self._items, self._next = [], 0
-        self.extend([*items[next_slot:], *items[:next_slot]])
+        self.extend(items[-self._capacity :])
 
     def __len__(self) -> int:
         return len(self._items)

@@ -8,9 +8,11 @@ new job starts clean (the configured checkpoint, else untrained) or, when its fi
 
 **Memory.**  A job that has learned nothing yet is served by one shared cold predictor and costs
 almost nothing (a bounded cache of them saves the store reads).  At most ``capacity`` jobs with a
-predictor of their own stay in memory; beyond that the least recently used is set down: its trainer
-writes the whole predictor, training data included, to the store (``TreeStore.save_predictor``) and
-gives up the job's lease, and the next request for the job loads it back, as it was.
+predictor of their own stay in memory, holding at most ``memory_budget`` bytes by their estimates;
+beyond either the least recently used is set down: its trainer writes the predictor (its published
+weights, its newest training data: ``SuccessPredictor.to_bytes``) to the store
+(``TreeStore.save_predictor``) and gives up the job's lease, and the next request for the job loads it
+back.  A stopping replica sets down every job it trains at once, within a deadline (:meth:`close`).
 
 **Replicas.**  Each job's weights are published under the job's keys and every replica loads them.
 One replica at a time holds a job's trainer lease; a replica takes new leases only up to its share of
@@ -77,18 +79,21 @@ class PredictorRegistry:
         config: PredictorConfig,
         *,
         capacity: int,
+        memory_budget: int = 0,
         success_threshold: float,
         train_steps: int,
         base: bytes | None = None,
     ) -> None:
         """``base`` is the checkpoint a new job starts from (none: untrained); ``capacity`` the jobs
-        with a predictor of their own kept in memory."""
+        with a predictor of their own kept in memory, and ``memory_budget`` the bytes they may hold
+        together (their estimates; 0: no bound but the count)."""
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.store = store
         self.metrics = metrics
         self.config = config
         self.capacity = capacity
+        self.memory_budget = memory_budget
         self.success_threshold = success_threshold
         self.train_steps = train_steps
         self._base = base
@@ -156,6 +161,7 @@ class PredictorRegistry:
         if kept is not None:  # kept meanwhile (a trainer's first round): that copy is the job's
             return kept
         if runtime.owned:
+            await runtime.measure()
             self._keep(job, runtime)
         else:
             self._cold[job] = _Cold(runtime, time.monotonic())
@@ -214,8 +220,16 @@ class PredictorRegistry:
         self.metrics.predictor_resident.set(len(self._resident))
         self._set_down_beyond_capacity()
 
+    def _over_budget(self) -> bool:
+        """More jobs kept than ``capacity``, or (beside the one most recently used) more bytes than
+        ``memory_budget``."""
+        if len(self._resident) > self.capacity:
+            return True
+        held = sum(runtime.memory_bytes for runtime in self._resident.values())
+        return bool(self.memory_budget) and len(self._resident) > 1 and held > self.memory_budget
+
     def _set_down_beyond_capacity(self) -> None:
-        while len(self._resident) > self.capacity:
+        while self._over_budget():
             job, runtime = self._resident.popitem(last=False)
             self.metrics.predictor_evictions.inc()
             self.metrics.predictor_resident.set(len(self._resident))
@@ -233,13 +247,18 @@ class PredictorRegistry:
         job = runtime.job
         if job not in self._leases:
             return
-        self._leases.discard(job)
         try:
             async with runtime.lock:
-                await self.store.save_predictor(job, await runtime.whole())  # unless deleted meanwhile
+                whole = await runtime.whole()
+                await self.store.save_predictor(job, whole)  # unless deleted meanwhile
+                runtime.unsaved.clear()
+            self.metrics.predictor_bytes.labels(self.metrics.job_label(job), "set_down").set(len(whole))
+            self.metrics.predictor_bytes.labels(self.metrics.job_label(job), "memory").set(0)
+            self._leases.discard(job)
             await self.store.release_trainer_lease(job, self.owner)
         except Exception:
             # The lease lapses on its own; the trees it trained on are what the next trainer lacks.
+            self._leases.discard(job)
             logger.exception("job %r: its predictor could not be set down", job)
 
     async def forget(self, job: str) -> None:
@@ -251,13 +270,27 @@ class PredictorRegistry:
         self.metrics.predictor_resident.set(len(self._resident))
         self.metrics.forget_job(job)
 
-    async def close(self) -> None:
-        """Set down every job this replica trains (a restart loses nothing) and give up its leases."""
-        for job in list(self._resident):
-            if job in self._leases:
-                await self._set_down(self._resident[job])
-        for task in list(self._setting_down.values()):
-            await asyncio.gather(task, return_exceptions=True)
+    async def close(self, seconds: float) -> None:
+        """Set down every job this replica trains, all at once, within ``seconds`` (a restart loses
+        nothing), and give up its leases.  A job not set down in time keeps its last set-down state
+        in the store, and the trees it learned from since are queued again for its next trainer."""
+        runtimes = [runtime for job, runtime in self._resident.items() if job in self._leases]
+        tasks = [asyncio.ensure_future(self._set_down(runtime)) for runtime in runtimes]
+        tasks += self._setting_down.values()
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=seconds)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+        for runtime in runtimes:
+            if runtime.unsaved:
+                logger.warning(
+                    "job %r: its predictor was not set down in time; %d trees are queued again for "
+                    "its next trainer",
+                    runtime.job,
+                    len(runtime.unsaved),
+                )
+                await self.store.requeue_completed(runtime.job, runtime.unsaved)
 
     # --- background work ----------------------------------------------------------------------------
 
@@ -323,3 +356,4 @@ class PredictorRegistry:
         await runtime.own()
         self._keep(job, runtime)  # kept before it trains: a request meanwhile gets this copy
         await runtime.train()
+        self._set_down_beyond_capacity()  # its training data grew

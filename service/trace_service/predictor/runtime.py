@@ -73,6 +73,8 @@ class PredictorRuntime:
         self.train_steps = train_steps
         self._new_predictor = new_predictor
         self.lock = asyncio.Lock()  # training, loading and setting down take turns
+        self.unsaved: list[str] = []  # trees learned from since the predictor was last set down
+        self.memory_bytes = 0  # the predictor's estimated size (``SuccessPredictor.memory_bytes``)
         self._waiting: list[_Waiting] = []
         self._batcher: asyncio.Task[None] | None = None
 
@@ -188,6 +190,8 @@ class PredictorRuntime:
                     added += await self.store.with_tree(tree_id, self._learn_from) or 0
                 except ValueError as error:  # a malformed tree must not stop training on the others
                     logger.warning("skipping tree %s for training: %s", tree_id, error)
+                self.unsaved.append(tree_id)
+                await self.store.retain_tree(tree_id, "learned")  # its examples are the predictor's now
             label = self.metrics.job_label(self.job)
             if added:
                 self.metrics.predictor_examples.labels(label).inc(added)
@@ -199,6 +203,16 @@ class PredictorRuntime:
                 blob = await asyncio.to_thread(self.predictor.to_bytes)
                 if await self.store.publish_weights(self.job, result.version, blob):  # not if deleted
                     await self._observe()
+                    self.metrics.predictor_bytes.labels(label, "published").set(len(blob))
+            await self.measure()
+
+    async def measure(self) -> None:
+        """Estimate the predictor's size in memory (beside the loop) and report it."""
+        if self.owned:
+            self.memory_bytes = await asyncio.to_thread(self.predictor.memory_bytes)
+            self.metrics.predictor_bytes.labels(self.metrics.job_label(self.job), "memory").set(
+                self.memory_bytes
+            )
 
     async def load_newer(self) -> None:
         """Adopt the job's published weights if they are newer than the ones served here."""

@@ -67,8 +67,11 @@ from trace_service.predictor.checkpoint import (
 from trace_service.predictor.checkpoint_content import (
     TRAINER_PREFIX,
     PredictorHeader,
-    pack_trainer_state,
-    restore_trainer_state,
+    compact_weights,
+    expand_weights,
+    pack_random_streams,
+    restore_random_streams,
+    round_to_checkpoint,
 )
 from trace_service.predictor.config import PredictorConfig
 from trace_service.predictor.diagnostics import (
@@ -79,7 +82,13 @@ from trace_service.predictor.diagnostics import (
     spearman,
     spearman_by_group,
 )
-from trace_service.predictor.examples import FifoBuffer, RootGroup, RunningMoments, TrainingExample
+from trace_service.predictor.examples import (
+    FifoBuffer,
+    RootGroup,
+    RunningMoments,
+    TrainingExample,
+    training_data_bytes,
+)
 from trace_service.predictor.features import EncodedHistory, HistoryFeaturizer
 from trace_service.predictor.model import (
     ModelInputs,
@@ -333,6 +342,7 @@ class SuccessPredictor:
             version = self._published.version + 1
             self._average_model.set_dense_standardisation(mean, std)
             model = self._frozen_copy(self._average_model)
+            round_to_checkpoint(model)  # served here as every replica that loads it serves it
             self._published = _Published(version, model, self._fit_calibration(model))
             return TrainRoundResult(
                 version,
@@ -367,17 +377,31 @@ class SuccessPredictor:
             brier_by_depth=brier_by_group(predicted, target, depth, weight),
         )
 
+    def memory_bytes(self) -> int:
+        """An estimate of the bytes this predictor holds in memory: its trained, averaged and published
+        models with the gradients and the optimiser's two moments (six copies of the weights), and its
+        training data."""
+        weights = sum(p.numel() * p.element_size() for p in self._trainer_model.parameters())
+        with self._data_lock:
+            histories = [e.history for e in (*self._replay.snapshot(), *self._holdout.snapshot())]
+            histories += [g.root for g in (*self._groups.snapshot(), *self._holdout_groups.snapshot())]
+        return 6 * weights + training_data_bytes(histories)
+
     # -- checkpoints -----------------------------------------------------------------------------
 
     def to_bytes(self, *, with_training_data: bool = False) -> bytes:
-        """The published weights as a self-checking checkpoint (see ``checkpoint``); with
-        ``with_training_data``, also everything the predictor learns from (``archive``) and what its
-        training goes on from (trained weights, optimiser moments, random streams), so that
-        :meth:`from_bytes` gives back this predictor whole."""
+        """The published weights as a self-checking checkpoint (see ``checkpoint``; embedding tables in
+        eight bits, exactly as they are served); with ``with_training_data``, also what the predictor
+        learns from (``archive``, bounded by ``training_data_bytes``) and its trainer's random streams,
+        so that :meth:`from_bytes` gives back a predictor that serves the same and goes on training.
+
+        The trained weights and the optimiser's moments are not kept (each would be two to four times
+        the published weights): the predictor given back trains on from its published weights, with
+        fresh moments, which costs no measured quality (``bench/predictor.py --set-down``)."""
         with self._train_lock:
             published = self._published
             model = published.model or self._average_model
-            state = dict(model.state_dict())
+            state = compact_weights(model.state_dict())
             with self._data_lock:
                 header = PredictorHeader(
                     published.version,
@@ -387,46 +411,36 @@ class SuccessPredictor:
                     published.calibration,
                 ).to_json(self.config.architecture())
                 if with_training_data:
-                    header["training_data"], tensors = pack_training_data(self._training_data())
-                    state.update(tensors)
-                    header["trainer"], tensors = pack_trainer_state(
-                        self._trainer_model, self._optimizer, self._dropout_generator, self._rng
+                    header["training_data"], tensors = pack_training_data(
+                        self._training_data(), self.config.num_buckets, self.config.training_data_bytes
                     )
+                    state.update(tensors)
+                    header["trainer"], tensors = pack_random_streams(self._dropout_generator, self._rng)
                     state.update(tensors)
             return encode_checkpoint(header, state)
 
-    def _restore_trainer_state(self, header: Any, state: dict[str, torch.Tensor]) -> None:
+    def _restore_random_streams(self, header: Any, state: dict[str, torch.Tensor]) -> None:
         with self._train_lock:
-            self._optimizer = self._new_optimizer()
-            restore_trainer_state(
-                header, state, self._trainer_model, self._optimizer, self._dropout_generator, self._rng
-            )
+            restore_random_streams(header, state, self._dropout_generator, self._rng)
 
     def _training_data(self) -> TrainingData:
-        (replay, replay_next), (holdout, holdout_next) = self._replay.layout, self._holdout.layout
-        (groups, groups_next), (held_groups, held_groups_next) = (
-            self._groups.layout,
-            self._holdout_groups.layout,
-        )
         return TrainingData(
-            replay=replay,
-            holdout=holdout,
-            groups=groups,
-            holdout_groups=held_groups,
-            next_slots=(replay_next, holdout_next, groups_next, held_groups_next),
+            replay=self._replay.oldest_first(),
+            holdout=self._holdout.oldest_first(),
+            groups=self._groups.oldest_first(),
+            holdout_groups=self._holdout_groups.oldest_first(),
             trees_added=self._trees_added,
             sample_allowance=self._sample_allowance,
         )
 
     def _restore_training_data(self, data: TrainingData) -> None:
-        replay_next, holdout_next, groups_next, held_groups_next = data.next_slots
         with self._data_lock:
-            self._replay.restore(data.replay, replay_next)
-            self._holdout.restore(data.holdout, holdout_next)
-            self._groups.restore(data.groups, groups_next)
-            self._holdout_groups.restore(data.holdout_groups, held_groups_next)
+            self._replay.restore(data.replay)
+            self._holdout.restore(data.holdout)
+            self._groups.restore(data.groups)
+            self._holdout_groups.restore(data.holdout_groups)
             self._trees_added = data.trees_added
-            self._sample_allowance = data.sample_allowance
+            self._sample_allowance = min(data.sample_allowance, self.config.replay_ratio * len(self._replay))
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write :meth:`to_bytes` to ``path`` atomically (a reader never sees half a file)."""
@@ -446,7 +460,7 @@ class SuccessPredictor:
         predictor = cls(config)
         predictor._install(header, state, only_if_newer=False)
         if "trainer" in header:
-            predictor._restore_trainer_state(header["trainer"], state)
+            predictor._restore_random_streams(header["trainer"], state)
         if "training_data" in header:
             predictor._restore_training_data(
                 unpack_training_data(
@@ -477,14 +491,13 @@ class SuccessPredictor:
     ) -> bool:
         checked = PredictorHeader.from_json(header, self.config.architecture(), self._dense_width)
         model = self._new_model()
+        weights = {
+            name: value
+            for name, value in state.items()
+            if not name.startswith((TENSOR_PREFIX, TRAINER_PREFIX))
+        }
         try:
-            model.load_state_dict(
-                {
-                    name: value
-                    for name, value in state.items()
-                    if not name.startswith((TENSOR_PREFIX, TRAINER_PREFIX))
-                }
-            )
+            model.load_state_dict(expand_weights(weights))
         except (RuntimeError, KeyError, TypeError) as error:
             raise CheckpointError(f"checkpoint weights do not fit the model: {error}") from None
         with self._train_lock:

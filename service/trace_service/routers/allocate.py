@@ -8,7 +8,7 @@ from trace_proto import AllocateRequest, AllocateResponse
 from trace_proto.v1 import paths
 from trace_service.deps import AllocationDep
 from trace_service.parsing.body import documented, validated
-from trace_service.routers.responses import ERRORS
+from trace_service.routers.responses import ERRORS, STORE_FULL
 
 router = APIRouter(tags=["allocation"])
 
@@ -49,7 +49,7 @@ _LINKS = {
 @router.post(
     paths.ALLOCATE,
     response_model=AllocateResponse,
-    responses=ERRORS,
+    responses={**ERRORS, 503: {**ERRORS[503], "description": STORE_FULL}},
     openapi_extra={**documented(AllocateRequest), "responses": {"200": {"links": _LINKS}}},
 )
 async def allocate(
@@ -59,6 +59,7 @@ async def allocate(
 ) -> AllocateResponse:
     """Stage 1: how many bare rollouts each candidate prompt gets (0 = skipped), one tree per active prompt.
 
-    Repeating a request with the same `Idempotency-Key` returns the first answer.
+    Repeating a request with the same `Idempotency-Key` returns the first answer.  While the tree store
+    holds its byte budget, a new allocation is answered 503 (the trees in flight still finish).
     """
     return await allocation.allocate(await validated(request, AllocateRequest, "prompts"), idempotency_key)

@@ -14,4 +14,9 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     422: {**_PROBLEM, "description": "Invalid request"},
     503: {**_PROBLEM, "description": "Tree store unavailable; retry after Retry-After seconds"},
 }
+#: The 503 of a route that starts new work: the store may also be full.
+STORE_FULL = (
+    "Tree store unavailable, or full (new allocations wait for trees to finish and be freed); retry "
+    "after Retry-After seconds"
+)
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {**_PROBLEM, "description": "Unknown tree or job"}}

@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 logger = logging.getLogger(__name__)
@@ -169,7 +171,9 @@ class EmbeddedRedis:
 
     async def stop(self) -> None:
         """Shut the server down cleanly (its append-only file flushed), whoever started it."""
-        client = Redis(unix_socket_path=str(self.socket))
+        # No retries: the server drops the connection as it exits, and a client that retried would
+        # spend seconds reconnecting to a socket that is gone (most of a stop's time).
+        client = Redis(unix_socket_path=str(self.socket), retry=Retry(NoBackoff(), 0))
         try:
             await client.shutdown()
         except RedisError:

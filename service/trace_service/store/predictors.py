@@ -30,6 +30,16 @@ class PredictorOperations:
         push = ScriptCall("push_completed", [self.keys.completed_trees(job)], [tree_id, cap, self.job_ttl])
         return [push, *ScriptRunner.writes(self.keys.training_wanted, self.job_ttl, "SADD", [job])]
 
+    async def requeue_completed(self, job: str, tree_ids: Sequence[str]) -> None:
+        """Queue again, as the oldest, trees a job's predictor learned from but could not set down (a
+        replica stopping past its deadline): its next trainer learns from them again."""
+        if tree_ids:
+            queue = self.keys.completed_trees(job)
+            await self.scripts.run_all(ScriptRunner.writes(queue, self.job_ttl, "RPUSH", list(tree_ids)))
+            await self.scripts.run_all(
+                ScriptRunner.writes(self.keys.training_wanted, self.job_ttl, "SADD", [job])
+            )
+
     async def training_wanted(self) -> list[str]:
         """The jobs with completed trees waiting for their trainer."""
         return sorted(text(job) for job in await self.redis.smembers(self.keys.training_wanted))

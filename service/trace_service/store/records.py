@@ -85,9 +85,13 @@ class TreeMeta:
     FIELDS = (
         "spec", "job", "status", "rollouts", "expansion_budget", "rounds", "finished_at", *_COUNTERS,
     )  # fmt: skip
-    #: The fields only the scripts use: a Stage 2 claim (round, token, lease end), the last update, and
-    #: what the tree becomes once settled (``allocation.books.settles_to``, written with its books).
-    SCRIPT_FIELDS = ("decision_round", "decision_token", "decision_until", "updated_at", "settles_to")
+    #: The fields only the scripts use: a Stage 2 claim (round, token, lease end), the last update, what
+    #: the tree becomes once settled (``allocation.books.settles_to``, written with its books) and the
+    #: two marks of retention by need (``retain_tree.lua``).
+    SCRIPT_FIELDS = (
+        "decision_round", "decision_token", "decision_until", "updated_at", "settles_to", "retain_read",
+        "retain_learned",
+    )  # fmt: skip
 
     tree_id: str
     allocation_id: str

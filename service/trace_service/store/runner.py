@@ -28,6 +28,7 @@ SCRIPTS = (
     "commit_decision",
     "take_over_decision",
     "close_tree",
+    "retain_tree",
     "claim_instructions",
     "record_outcome",
     "write_expire",

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import orjson
-from redis.exceptions import DataError
+from redis.exceptions import DataError, ResponseError
 
 from trace_proto import ExpandEvent
 from trace_proto.v1.limits import MAX_TURNS_PER_HISTORY
@@ -67,8 +67,9 @@ def _event_row(event: ExpandEvent, success_threshold: float) -> list[Any]:
 
 
 class TreeStore(PredictorOperations):
-    """Async access to tree state.  Every key expires: trees ``tree_ttl`` after their last update,
-    job indexes and prompt histories ``job_ttl`` after theirs."""
+    """Async access to tree state.  Every key expires: trees ``tree_ttl`` after their last update, or
+    ``retention`` once finished, read by their trainer and learned from (:meth:`retain_tree`); job
+    indexes and prompt histories ``job_ttl`` after theirs."""
 
     def __init__(
         self,
@@ -78,6 +79,7 @@ class TreeStore(PredictorOperations):
         tree_ttl: int = 7 * 24 * 3600,
         job_ttl: int = 30 * 24 * 3600,
         idempotency_ttl: int = 24 * 3600,
+        retention: int = 3600,
     ) -> None:
         self.redis = redis
         self.scripts = ScriptRunner(redis)
@@ -85,9 +87,37 @@ class TreeStore(PredictorOperations):
         self.tree_ttl = tree_ttl
         self.job_ttl = job_ttl
         self.idempotency_ttl = idempotency_ttl
+        self.retention = retention
 
     async def ping(self) -> bool:
         return bool(await self.redis.ping())
+
+    async def memory(self) -> tuple[int, int]:
+        """Bytes the store holds and its ``maxmemory`` (0: none): Redis's ``INFO memory``, summed over a
+        Cluster's nodes.  The in-process store has no INFO: there the serialised size of every key
+        (``DUMP``, about its payload, without Redis's per-key overhead) stands in, with no maxmemory."""
+        try:
+            info = await self.redis.info("memory")
+        except ResponseError:
+            return await self._dumped_bytes(), 0
+        nodes = [info] if "used_memory" in info else list(info.values())
+        return sum(int(node["used_memory"]) for node in nodes), sum(int(node["maxmemory"]) for node in nodes)
+
+    async def _dumped_bytes(self) -> int:
+        total = 0
+        batch: list[Any] = []
+        async for key in self.redis.scan_iter(count=_KEYS_PER_DELETE):
+            batch.append(key)
+            if len(batch) == _KEYS_PER_DELETE:
+                total += await self._dump_sizes(batch)
+                batch = []
+        return total + (await self._dump_sizes(batch) if batch else 0)
+
+    async def _dump_sizes(self, keys: list[Any]) -> int:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.dump(key)
+            return sum(len(dumped) for dumped in await pipe.execute() if dumped)
 
     async def aclose(self) -> None:
         await self.redis.aclose()
@@ -412,6 +442,14 @@ class TreeStore(PredictorOperations):
         call = ScriptCall("close_tree", [self.keys.tree(tree_id).meta], [now, self.tree_ttl])
         before = text(await self.scripts.run(call))
         return TreeStatus(before) if before else None
+
+    async def retain_tree(self, tree_id: str, why: Literal["read", "learned"]) -> bool:
+        """Say that a finished tree was read by its trainer, or learned from by its job's predictor;
+        once both are said, its keys expire within ``retention`` seconds (``retain_tree.lua``).  True
+        when the tree now does; a tree in flight is never shortened."""
+        keys = self.keys.tree(tree_id)
+        call = ScriptCall("retain_tree", [keys.meta, *keys.all[1:]], [why, self.retention])
+        return bool(await self.scripts.run(call))
 
     # --- reading trees -----------------------------------------------------------------------------
 
