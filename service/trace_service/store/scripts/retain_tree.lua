@@ -5,7 +5,7 @@
 -- KEYS: meta, then the tree's other keys.  Returns 1 when the tree now expires within the window.
 local meta_key = KEYS[1]
 local status = redis.call('HGET', meta_key, 'status')
-if not status or not is_finished(status) then return 0 end
+if not status or not FINISHED[status] then return 0 end
 if ARGV[1] == 'read' then
   redis.call('HSET', meta_key, 'retain_read', 1)
 else
