@@ -20,11 +20,11 @@ from datasets import Dataset
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import make_settings
+from toy_environments import Countdown
 from transformers import PreTrainedTokenizerFast
 from trl import GRPOConfig, GRPOTrainer
 
 from trace_client.driver import History, TurnResult, TurnTokens
-from trace_client.envs import Step
 from trace_client.integrations.trl import (
     RowCapacityError,
     TraceRollout,
@@ -246,21 +246,6 @@ def test_a_conversational_prompt_goes_through_the_chat_template() -> None:
     tokenizer = char_tokenizer()
     assert prompt_token_ids([{"role": "user", "content": "q3"}], tokenizer) == tokenizer("q3:")["input_ids"]
     assert prompt_token_ids("q:3", tokenizer) == tokenizer("q:3")["input_ids"]
-
-
-class Countdown:
-    """A toy stateful environment: the observation counts down from 2; at 0 the episode ends, reward 1."""
-
-    def reset(self, seed: int) -> object:
-        self.left = 2
-        return "2"
-
-    def step(self, action: object) -> Step:
-        self.left -= 1
-        return Step(str(self.left), float(self.left == 0), self.left == 0)
-
-    def close(self) -> None:
-        pass
 
 
 async def test_with_an_environment_factory_a_turn_acts_and_its_tokens_go_on_with_the_observation() -> None:

@@ -14,6 +14,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
+from toy_environments import Countdown
 from transformers import AutoTokenizer
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap
 from verl.protocol import DataProto
@@ -31,7 +32,7 @@ from verl_support import compose_config, idle_settings, tree_sessions
 
 from trace_client import TraceClient
 from trace_client.driver import History, TurnResult, TurnTokens
-from trace_client.envs import Environment, Step
+from trace_client.envs import Environment
 from trace_client.integrations import verl as integration
 from trace_client.integrations.verl import agent_loop as verl_agent_loop
 from trace_client.integrations.verl import estimator as trace_estimator
@@ -374,21 +375,6 @@ async def test_the_default_turn_is_a_chunk_of_tokens_until_the_end_of_sequence(
     assert first.tokens is not None and first.tokens.ids == (40, 41, 42)
     assert server.requests[0]["max_tokens"] == 3 and server.requests[0]["temperature"] == 1.0
     assert server.requests[1]["prompt_ids"] == [*loop.prompt_ids, 40, 41, 42]  # continues after turn 1
-
-
-class Countdown:
-    """A toy stateful environment: the observation counts down from 2; at 0 the episode ends, reward 1."""
-
-    def reset(self, seed: int) -> object:
-        self.left = 2
-        return "2"
-
-    def step(self, action: object) -> Step:
-        self.left -= 1
-        return Step(str(self.left), float(self.left == 0), self.left == 0)
-
-    def close(self) -> None:
-        pass
 
 
 class CountdownLoop(integration.TraceAgentLoop):
