@@ -48,10 +48,11 @@ class JsonFormatter(logging.Formatter):
         # Formatted where it was logged (a StreamHandler does not hand records to another thread).
         if (span_ids := active_span_ids()) is not None:
             entry["trace_id"], entry["span_id"] = span_ids
+        # A private attribute is another library's (ray's record factory stamps `_ray_timestamp_ns`).
         extra = {
             name: value
             for name, value in vars(record).items()
-            if name not in _RECORD_ATTRIBUTES and name not in entry
+            if name not in _RECORD_ATTRIBUTES and name not in entry and not name.startswith("_")
         }
         entry.update(extra)
         if record.exc_info:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
 import orjson
-from redis.exceptions import DataError, ResponseError
+from redis.exceptions import DataError
 
 from trace_proto import ExpandEvent
 from trace_proto.v1.limits import MAX_TURNS_PER_HISTORY
@@ -26,6 +26,7 @@ from trace_service.allocation.gain import CONTROL, POLICY, ArmSums
 from trace_service.lifecycle import TreeStatus, is_success
 from trace_service.offload import off_loop
 from trace_service.store.keys import KeySpace
+from trace_service.store.memory import MemoryOperations
 from trace_service.store.predictors import PredictorOperations
 from trace_service.store.records import (
     AllocationCounts,
@@ -66,7 +67,7 @@ def _event_row(event: ExpandEvent, success_threshold: float) -> list[Any]:
     ]
 
 
-class TreeStore(PredictorOperations):
+class TreeStore(PredictorOperations, MemoryOperations):
     """Async access to tree state.  Every key expires: trees ``tree_ttl`` after their last update, or
     ``retention`` once finished, read by their trainer and learned from (:meth:`retain_tree`); job
     indexes and prompt histories ``job_ttl`` after theirs."""
@@ -91,33 +92,6 @@ class TreeStore(PredictorOperations):
 
     async def ping(self) -> bool:
         return bool(await self.redis.ping())
-
-    async def memory(self) -> tuple[int, int]:
-        """Bytes the store holds and its ``maxmemory`` (0: none): Redis's ``INFO memory``, summed over a
-        Cluster's nodes.  The in-process store has no INFO: there the serialised size of every key
-        (``DUMP``, about its payload, without Redis's per-key overhead) stands in, with no maxmemory."""
-        try:
-            info = await self.redis.info("memory")
-        except ResponseError:
-            return await self._dumped_bytes(), 0
-        nodes = [info] if "used_memory" in info else list(info.values())
-        return sum(int(node["used_memory"]) for node in nodes), sum(int(node["maxmemory"]) for node in nodes)
-
-    async def _dumped_bytes(self) -> int:
-        total = 0
-        batch: list[Any] = []
-        async for key in self.redis.scan_iter(count=_KEYS_PER_DELETE):
-            batch.append(key)
-            if len(batch) == _KEYS_PER_DELETE:
-                total += await self._dump_sizes(batch)
-                batch = []
-        return total + (await self._dump_sizes(batch) if batch else 0)
-
-    async def _dump_sizes(self, keys: list[Any]) -> int:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for key in keys:
-                pipe.dump(key)
-            return sum(len(dumped) for dumped in await pipe.execute() if dumped)
 
     async def aclose(self) -> None:
         await self.redis.aclose()
