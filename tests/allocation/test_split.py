@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trace_service.allocation.gain import CONTROL, POLICY, ArmSums
-from trace_service.allocation.split import decide_split, step_weights
+from trace_service.allocation.split import decide_split, evidence_steps, step_weights
 
 
 def _arm(trees: int, mixed: int, turns: int = 6) -> ArmSums:
@@ -99,3 +99,12 @@ def test_a_policy_whose_interval_lies_below_one_keeps_at_most_a_fifth() -> None:
             assert split.gain is not None
             if split.gain.high < 1:
                 assert split.policy_share <= 0.2 + 1e-9
+
+
+def test_the_split_reads_a_bounded_window_of_steps() -> None:
+    """Evidence older than ten half-lives weighs under a thousandth and is not read at all."""
+    assert evidence_steps(100, 4.0) == range(60, 100)
+    assert evidence_steps(3, 4.0) == range(0, 3)
+    losing_long_ago = _totals(*[(_arm(60, 5), _arm(60, 40))] * 10)
+    assert decide_split(losing_long_ago, 60, 0.1, 4.0).gain is None
+    assert decide_split(losing_long_ago, 20, 0.1, 4.0).policy_share == pytest.approx(0.1)

@@ -199,10 +199,10 @@ async def test_an_allocation_is_listed_under_its_job_and_step(store: TreeStore) 
 
 
 async def test_the_first_answer_under_an_idempotency_key_wins(store: TreeStore) -> None:
-    assert (await store.allocation_reads(JOB, [], "k", groups=False, totals=False)).remembered is None
+    assert (await store.allocation_reads(JOB, [], "k", groups=False)).remembered is None
     assert await store.remember_response(JOB, "k", "f1", '{"first": 1}') == ("f1", '{"first": 1}')
     assert await store.remember_response(JOB, "k", "f2", '{"second": 2}') == ("f1", '{"first": 1}')
-    reads = await store.allocation_reads(JOB, [], "k", groups=False, totals=False)
+    reads = await store.allocation_reads(JOB, [], "k", groups=False)
     assert reads.remembered == ("f1", '{"first": 1}')
 
 

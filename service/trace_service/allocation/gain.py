@@ -64,6 +64,11 @@ class ArmSums:
         return {f"{arm}_{f.name}": getattr(self, f.name) for f in fields(self)}
 
     @classmethod
+    def figure_names(cls, arm: str) -> list[str]:
+        """The names :meth:`figures` gives the arm's sums."""
+        return [f"{arm}_{f.name}" for f in fields(cls)]
+
+    @classmethod
     def from_figures(cls, totals: Mapping[str, int], arm: str) -> ArmSums:
         """The sums read back from a step's totals (an absent figure is 0)."""
         return cls(*(int(totals.get(f"{arm}_{f.name}", 0)) for f in fields(cls)))

@@ -13,7 +13,8 @@ arm:
 ``L`` the bias-corrected log gain per turn and ``s`` its standard error (an arm with no mixed tree
 yet counts half of one, ``gain.arm_rate``), over the job's earlier steps each weighted
 ``2^(−age / h)`` (``h`` the evidence's half-life in steps, so a job whose predictor gets better, or
-worse, is followed).  ``Φ(L/s)`` alone would be probability matching (the deterministic form of
+worse, is followed) over the last ``⌈10·h⌉`` of them (``evidence_steps``).  ``Φ(L/s)`` alone would be
+probability matching (the deterministic form of
 Thompson sampling); the tolerance ``c·s`` shrinks with the evidence, so the rule becomes it as the
 evidence grows, and it fixes the two ends a user meets first: before any evidence the policy gets
 ``Φ(c) ≈ 0.79`` of the budget (a job starts on TRACE's rules, whose gain the benchmarks show), and as
@@ -52,6 +53,8 @@ from trace_service.allocation.gain import CONTROL, POLICY, Z_90, ArmSums, Gain, 
 
 #: The unit the split is decided in: what a user pays for is generated turns.
 SPLIT_UNIT: Unit = "turns"
+#: How many half-lives of steps the split reads (``evidence_steps``).
+EVIDENCE_HALF_LIVES = 10
 #: ``c``: the standard errors of shortfall the policy is allowed before it gives up half the budget,
 #: such that a 90% interval below 1 leaves it a fifth.
 TOLERANCE = Z_90 - NormalDist().inv_cdf(0.8)
@@ -70,6 +73,12 @@ class Split:
         return 1.0 - self.policy_share
 
 
+def evidence_steps(now: int, half_life: float) -> range:
+    """The earlier steps whose evidence the split reads: the last ``⌈10·h⌉``, older ones weighing under
+    2^(−10) ≈ 0.001 (so an allocation reads a bounded window however long the job has run)."""
+    return range(max(now - math.ceil(EVIDENCE_HALF_LIVES * half_life), 0), now)
+
+
 def step_weights(steps: Mapping[int, object], now: int, half_life: float) -> dict[int, float]:
     """``2^(−(now − s)/h)`` for each earlier step ``s`` (later steps, a retry's own, weigh nothing)."""
     if half_life <= 0:
@@ -84,7 +93,8 @@ def decide_split(
     (``ArmSums.figures`` of both arms), with the floor ``ε`` on each arm."""
     if not (math.isfinite(floor) and 0.0 <= floor <= 1.0):
         raise ValueError(f"the floor must lie in [0, 1], got {floor}")
-    weights = step_weights(step_totals, now, half_life)
+    window = evidence_steps(now, half_life)
+    weights = step_weights({s: None for s in step_totals if s in window}, now, half_life)
     policy = [(w, ArmSums.from_figures(step_totals[s], POLICY)) for s, w in weights.items()]
     control = [(w, ArmSums.from_figures(step_totals[s], CONTROL)) for s, w in weights.items()]
     gain = gain_ratio(policy, control, SPLIT_UNIT, haldane=True)

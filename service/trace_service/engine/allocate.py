@@ -68,7 +68,7 @@ class Allocation:
             [p.prompt_id for p in request.prompts],
             idempotency_key,
             groups=calibrated,
-            totals=request.control_share > 0,
+            totals_of=self.evidence.steps_read(request.step, request.control_share),
         )
         if idempotency_key and reads.remembered is not None:
             response = _remembered(idempotency_key, fingerprint, reads.remembered)

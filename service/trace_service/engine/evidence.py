@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from trace_proto import BudgetSplit, ControlCalibration, GainRatio, PredictorInfo, TrustMap
-from trace_service.allocation.split import Split, decide_split
+from trace_service.allocation.split import Split, decide_split, evidence_steps
 from trace_service.allocation.trust import Trust, control_calibration, fit_trust
 from trace_service.offload import off_loop
 from trace_service.store import GroupOutcome, TreeStore
@@ -25,6 +25,10 @@ class JobEvidence:
     def __init__(self, store: TreeStore, half_life: float) -> None:
         self.store = store
         self.half_life = half_life
+
+    def steps_read(self, step: int, floor: float) -> range:
+        """The earlier steps whose totals the split of ``step`` reads (none when the floor is 0)."""
+        return evidence_steps(step, self.half_life) if floor > 0 else range(0)
 
     def split(self, step_totals: dict[int, dict[str, int]], step: int, floor: float) -> Split:
         """The share of the allocation of ``step`` that follows the policy, from the job's per-step

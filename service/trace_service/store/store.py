@@ -215,26 +215,35 @@ class TreeStore(PredictorOperations, MemoryOperations):
             # status -2: another tree's draw came first; read the reserve again
 
     async def allocation_reads(
-        self, job: str, prompt_ids: Sequence[str], idempotency_key: str | None, *, groups: bool, totals: bool
+        self,
+        job: str,
+        prompt_ids: Sequence[str],
+        idempotency_key: str | None,
+        *,
+        groups: bool,
+        totals_of: Sequence[int] = (),
     ) -> AllocationReads:
         """Everything /v1/allocate reads, in one pipeline: the answer remembered under
         ``idempotency_key`` (if any), the prompts' histories (:meth:`prompt_outcomes`), with ``groups``
-        the job's recent groups of each arm (:meth:`group_outcomes`), and with ``totals`` its per-step
-        totals (:meth:`step_totals`)."""
+        the job's recent groups of each arm (:meth:`group_outcomes`), and both arms' totals of the steps
+        ``totals_of`` (as :meth:`step_totals` reads every step's)."""
+        figures = [f"{step}:{name}" for step in totals_of for arm in (POLICY, CONTROL)
+                   for name in ArmSums.figure_names(arm)]  # fmt: skip
         async with self.redis.pipeline(transaction=False) as pipe:
             if idempotency_key:
                 pipe.get(self.keys.idempotency(job, idempotency_key))
             if prompt_ids:
                 pipe.hmget(self.keys.prompt_outcomes(job), list(prompt_ids))
-            if totals:
-                pipe.hgetall(self.keys.step_totals(job))
+            if figures:
+                pipe.hmget(self.keys.step_totals(job), figures)
             if groups:
                 pipe.lrange(self.keys.group_outcomes(job, True), 0, -1)
                 pipe.lrange(self.keys.group_outcomes(job, False), 0, -1)
             replies = list(await pipe.execute())
         remembered = replies.pop(0) if idempotency_key else None
         history = replies.pop(0) if prompt_ids else []
-        step_totals = _step_totals(replies.pop(0)) if totals else {}
+        read = replies.pop(0) if figures else []
+        step_totals = _step_totals({f: v for f, v in zip(figures, read, strict=True) if v is not None})
         arms = [[GroupOutcome.parse(text(value)) for value in reply] for reply in replies] or [[], []]
         return AllocationReads(
             remembered=None if remembered is None else _remembered(text(remembered)),
@@ -306,7 +315,7 @@ class TreeStore(PredictorOperations, MemoryOperations):
 
     async def arm_groups(self, job: str) -> tuple[list[GroupOutcome], list[GroupOutcome]]:
         """The job's recent groups of its control trees and of its policy's, in one round trip."""
-        reads = await self.allocation_reads(job, [], None, groups=True, totals=False)
+        reads = await self.allocation_reads(job, [], None, groups=True)
         return reads.control_groups, reads.policy_groups
 
     async def step_allocations(self, job: str) -> dict[int, list[AllocationCounts]]:
