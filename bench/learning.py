@@ -126,8 +126,10 @@ class StepOutcome:
     active: int
     policy_trees: ArmSums = field(default_factory=ArmSums)
     control_trees: ArmSums = field(default_factory=ArmSums)
-    #: The share of the step's bare rollouts meant for the policy's trees (1 without controls).
+    #: The share of the step's bare rollouts meant for the policy's trees (1 without controls), and the
+    #: share of the policy's trees that could branch below their first turn.
     policy_share: float = 1.0
+    deep_share: float = 1.0
 
 
 class ArmRun:
@@ -155,6 +157,7 @@ class ArmRun:
         curve.policy_trees += outcome.policy_trees
         curve.control_trees += outcome.control_trees
         curve.policy_share.append(outcome.policy_share)
+        curve.deep_share.append(outcome.deep_share)
 
 
 class ServiceArm(ArmRun):
@@ -185,7 +188,7 @@ class ServiceArm(ArmRun):
         if step == self.mislead_after:
             self.labels.swap_difficulty(self.workload)
         trees: list[FinishedTree] = []
-        shares: list[float] = []
+        shares: list[tuple[float, float]] = []
         waves = self.arm.waves
         for wave, budget in enumerate(waves):
             wave_trees, share = await self.allocate_and_run(step * len(waves) + wave, budget, pool)
@@ -214,13 +217,15 @@ class ServiceArm(ArmRun):
             active=len(trees),
             policy_trees=arms[False],
             control_trees=arms[True],
-            policy_share=statistics.fmean(shares),
+            policy_share=statistics.fmean(share for share, _ in shares),
+            deep_share=statistics.fmean(deep for _, deep in shares),
         )
 
     async def allocate_and_run(
         self, step: int, budget: int, pool: Sequence[Prompt]
-    ) -> tuple[list[FinishedTree], float]:
-        """The wave's finished trees and the share of its budget meant for the policy."""
+    ) -> tuple[list[FinishedTree], tuple[float, float]]:
+        """The wave's finished trees, the share of its budget meant for the policy and the share of the
+        policy's trees that could branch below their first turn."""
         assert self.arm.policy is not None
         request = AllocateRequest(
             job=self.job,
@@ -237,7 +242,8 @@ class ServiceArm(ArmRun):
         if result.timed_out:
             print(f"  {self.arm.name}: step {step} timed out; its open trees were closed", file=sys.stderr)
         split = result.allocation.split
-        return list(result.trees), 1.0 if split is None else split.policy_share
+        shares = (1.0, 1.0) if split is None else (split.policy_share, split.deep_branch_share)
+        return list(result.trees), shares
 
     async def wait_for_training(self, patience: float) -> None:
         await wait_for_training(self.client, self.job, patience)

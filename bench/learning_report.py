@@ -33,8 +33,10 @@ class Curve:
     #: and the slope of the trust map its Stage 1 read the predictor through then.
     estimate: GainEstimate | None = None
     trust: float | None = None
-    #: The share of each step's bare rollouts meant for the policy's trees (the rest: control trees).
+    #: The share of each step's bare rollouts meant for the policy's trees (the rest: control trees), and
+    #: of its policy trees that could branch below their first turn (the rest: from first turns).
     policy_share: list[float] = field(default_factory=list)
+    deep_share: list[float] = field(default_factory=list)
 
     def mixed_per(self, unit: str) -> float:
         """Mixed groups per turn (``unit`` "turns") or per rollout (``"rollouts"``) over the whole run."""
@@ -140,10 +142,9 @@ def print_seed_table(family: str, seed: int, curves: dict[str, Curve]) -> None:
             f" {row.mixed_per_turn:>11.2f} {row.mixed_per_rollout:>11.2f} {row.policy_share:>7.2f}"
         )
     for name, curve in curves.items():
-        if any(share < 1 for share in curve.policy_share):
-            print(
-                f"policy share by step, {name}: " + " ".join(f"{share:.2f}" for share in curve.policy_share)
-            )
+        for what, shares in (("policy", curve.policy_share), ("deep branch", curve.deep_share)):
+            if any(share < 1 for share in shares):
+                print(f"{what} share by step, {name}: " + " ".join(f"{share:.2f}" for share in shares))
 
 
 def print_summary(results: dict[str, dict[int, dict[str, Curve]]]) -> None:

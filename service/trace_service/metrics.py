@@ -91,6 +91,7 @@ METRIC_NAMES: Final[frozenset[str]] = frozenset(
         "trace_gain_ratio",
         "trace_trust_slope",
         "trace_policy_share",
+        "trace_deep_branch_share",
         "trace_control_brier_skill",
         "trace_effective_ratio",
         "trace_predictor_version",
@@ -314,6 +315,14 @@ class Metrics:
             [JOB_LABEL],
             registry=registry,
         )
+        self.deep_branch_share = Gauge(
+            "trace_deep_branch_share",
+            "The share of the policy's trees of the job's last allocation that may branch at any depth (the "
+            "rest branch from first turns), chosen from the job's evidence of which finds more mixed groups "
+            "per turn.",
+            [JOB_LABEL],
+            registry=registry,
+        )
         self.control_brier_skill = Gauge(
             "trace_control_brier_skill",
             "1 − the predictor's Brier score on the job's control prompts over one constant's (NaN while "
@@ -455,6 +464,7 @@ class Metrics:
             (self.gain_ratio, tuple((u, b) for u in GAIN_UNITS for b in GAIN_BOUNDS)),
             (self.trust_slope, ((),)),
             (self.policy_share, ((),)),
+            (self.deep_branch_share, ((),)),
             (self.control_brier_skill, ((),)),
             (self.effective_ratio, ((),)),
             (self.predictor_version, ((),)),

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trace_service.allocation.gain import CONTROL, POLICY, ArmSums
-from trace_service.allocation.split import decide_split, evidence_steps, step_weights
+from trace_service.allocation.gain import BRANCH_DEEP, BRANCH_FIRST, CONTROL, POLICY, ArmSums
+from trace_service.allocation.split import decide_shape, decide_split, draw_deep, evidence_steps, step_weights
 
 
 def _arm(trees: int, mixed: int, turns: int = 6) -> ArmSums:
@@ -108,3 +108,47 @@ def test_the_split_reads_a_bounded_window_of_steps() -> None:
     losing_long_ago = _totals(*[(_arm(60, 5), _arm(60, 40))] * 10)
     assert decide_split(losing_long_ago, 60, 0.1, 4.0).gain is None
     assert decide_split(losing_long_ago, 20, 0.1, 4.0).policy_share == pytest.approx(0.1)
+
+
+def _shapes(deep: ArmSums, first: ArmSums) -> dict[int, dict[str, int]]:
+    return {0: deep.figures(BRANCH_DEEP) | first.figures(BRANCH_FIRST)}
+
+
+def test_the_shape_follows_the_same_rule_on_its_own_arms() -> None:
+    """Deep trees against first-turn trees, read from the same totals as the split but from their own
+    figures: the policy/control figures do not move the shape, nor the shape's the split."""
+    assert decide_shape({}, 0, 0.1, 4.0).deep_share == pytest.approx(0.789, abs=1e-3)
+    deep_wins = _shapes(_arm(60, 40), _arm(60, 10))
+    first_wins = _shapes(_arm(60, 10), _arm(60, 40))
+    assert decide_shape(deep_wins, 1, 0.1, 4.0).deep_share == pytest.approx(0.9)
+    assert decide_shape(first_wins, 1, 0.1, 4.0).deep_share == pytest.approx(0.1)
+    assert decide_split(first_wins, 1, 0.1, 4.0).gain is None
+    assert decide_shape(_totals((_arm(60, 10), _arm(60, 40))), 1, 0.1, 4.0).gain is None
+    # Its probability and gain are those of the split's rule on the same sums.
+    as_split = decide_split(_totals((_arm(60, 10), _arm(60, 40))), 1, 0.1, 4.0)
+    shape = decide_shape(first_wins, 1, 0.1, 4.0)
+    assert (shape.deep_share, shape.deep_better, shape.gain) == (
+        as_split.policy_share,
+        as_split.policy_better,
+        as_split.gain,
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.booleans(), max_size=60), st.floats(0.0, 1.0), st.integers(0, 2**32 - 1))
+def test_the_deep_draw_marks_only_eligible_trees_and_keeps_the_share(
+    eligible: list[bool], share: float, seed: int
+) -> None:
+    mask = np.array(eligible, dtype=bool)
+    deep = draw_deep(mask, share, np.random.default_rng(seed))
+    assert not np.any(deep & ~mask)
+    n = int(mask.sum())
+    assert np.floor(share * n) <= deep.sum() <= np.ceil(share * n)
+
+
+def test_the_deep_draw_is_exact_on_average_and_refuses_a_bad_share() -> None:
+    rng = np.random.default_rng(0)
+    mask = np.ones(3, dtype=bool)
+    assert np.mean([draw_deep(mask, 0.5, rng).sum() for _ in range(4000)]) == pytest.approx(1.5, abs=0.05)
+    with pytest.raises(ValueError, match="deep share"):
+        draw_deep(mask, 1.5, rng)

@@ -9,7 +9,7 @@ from support import rollout, running_engine
 
 from trace_proto import AllocateRequest, AllocateResponse, Policy, PromptIn, TreeResponse
 from trace_service.allocation import uniform_roots
-from trace_service.allocation.gain import ArmSums, gain_ratio, unweighted
+from trace_service.allocation.gain import BRANCH_DEEP, BRANCH_FIRST, ArmSums, gain_ratio, unweighted
 from trace_service.engine import Engine
 
 PROMPTS = 40
@@ -144,3 +144,100 @@ async def test_a_share_of_one_is_uniform_allocation(store_url: str) -> None:
         allocation = await engine.allocation.allocate(request(0, 1.0, policy="pcl"), None)
         assert all(tree.control for tree in allocation.trees)
         assert sorted(t.rollouts for t in allocation.trees) == sorted(c for c in uniform_roots(40, 80) if c)
+
+
+async def play(engine: Engine, allocation: AllocateResponse, reward_of: dict[str, float | None]) -> list[str]:
+    """Every tree's bare rollouts of three turns and the continuations Stage 2 asks for, each of two
+    turns, to completion: a tree's rollouts alternate success and failure when ``reward_of`` gives it
+    None, else all score that.  Returns the nodes the continuations started from."""
+    events = [
+        event
+        for tree in allocation.trees
+        for j in range(tree.rollouts)
+        for event in rollout(tree.tree_id, None, 3, _reward(reward_of[tree.tree_id], j))
+    ]
+    starts: list[str] = []
+    while events:
+        answer = await engine.intake.expand(events)
+        assert not answer.rejected
+        events = [
+            event
+            for instruction in answer.instructions
+            for _ in range(instruction.count)
+            for event in rollout(
+                instruction.tree_id,
+                instruction.node_id,
+                2,
+                _reward(reward_of[instruction.tree_id], 1),
+                instruction.instruction_id,
+            )
+        ]
+        starts += [instruction.node_id for instruction in answer.instructions]
+    return starts
+
+
+def depths(tree: TreeResponse) -> dict[str, int]:
+    """Each node's depth in turns (a first turn is 1)."""
+    parent = {node.node_id: node.parent_id for node in tree.nodes}
+    found: dict[str, int] = {}
+    for node_id in parent:
+        chain, at = 0, node_id
+        while at is not None:
+            chain, at = chain + 1, parent[at]
+        found[node_id] = chain
+    return found
+
+
+def _reward(fixed: float | None, j: int) -> float:
+    return float(j % 2) if fixed is None else fixed
+
+
+async def test_the_shape_of_stage_2_follows_the_evidence_and_stats_show_it(store_url: str) -> None:
+    """Under `trace` each policy tree with continuations is drawn deep (any depth) or first-turn; a job
+    whose first-turn trees find the mixed groups moves the next allocation's policy trees to first
+    turns, down to the floor ε of deep ones."""
+    async with running_engine(store_url) as engine:
+        first = await engine.allocation.allocate(request(0, 0.1, expansion=1.0), None)
+        assert first.split is not None and first.split.deep_gain_per_turn is None
+        assert first.split.deep_branch_share == pytest.approx(0.789, abs=1e-3)
+        metas = {
+            meta.tree_id: meta
+            for meta in await engine.store.load_metas([tree.tree_id for tree in first.trees])
+            if meta
+        }
+        shapes = {tree_id: meta.shape for tree_id, meta in metas.items()}
+        assert {shapes[t.tree_id] for t in first.trees if t.control} == {None}
+        policy = [t.tree_id for t in first.trees if not t.control]
+        assert {shapes[t] for t in policy} == {BRANCH_DEEP, BRANCH_FIRST}
+        assert all((metas[t].max_branch_depth == 1) == (shapes[t] == BRANCH_FIRST) for t in policy)
+        # First-turn trees mix, the others never do.
+        reward_of = {tree_id: None if shape == BRANCH_FIRST else 1.0 for tree_id, shape in shapes.items()}
+        starts = await play(engine, first, reward_of)
+        first_turn_trees = [t for t in policy if shapes[t] == BRANCH_FIRST]
+        for tree_id in first_turn_trees:
+            depth = depths(TreeResponse.model_validate_json(await engine.trees.tree(tree_id)))
+            assert all(depth[node] == 1 for node in starts if node in depth)
+
+        stats = await engine.stats.job_stats("default")
+        step = stats.steps[0]
+        assert step.branch_first is not None and step.branch_deep is not None
+        assert (step.branch_first.trees, step.branch_first.mixed) == (len(first_turn_trees),) * 2
+        assert step.branch_deep.trees == len(policy) - len(first_turn_trees) and step.branch_deep.mixed == 0
+
+        second = await engine.allocation.allocate(request(1, 0.1, expansion=1.0), None)
+        assert second.split is not None and second.split.deep_gain_per_turn is not None
+        # Its 90% interval lies below 1: at most a fifth of the policy's trees stay deep.
+        assert second.split.deep_gain_per_turn.high < 1 and second.split.deep_branch_share <= 0.2
+        later = await engine.store.load_metas([t.tree_id for t in second.trees if not t.control])
+        drawn = [meta.shape for meta in later if meta]
+        assert drawn.count(BRANCH_FIRST) >= 0.8 * len(drawn) - 1
+
+
+async def test_the_shape_is_fixed_without_controls_and_under_other_policies(store_url: str) -> None:
+    async with running_engine(store_url) as engine:
+        for step, fields in enumerate(
+            [{"control_share": 0.0}, {"policy": "trace_paper"}, {"max_branch_depth": 1}]
+        ):
+            allocation = await engine.allocation.allocate(request(step, 0.1, expansion=1.0, **fields), None)
+            metas = await engine.store.load_metas([t.tree_id for t in allocation.trees])
+            assert {meta.shape for meta in metas if meta} == {None}

@@ -337,6 +337,7 @@ def populate(metrics: Metrics) -> None:
             metrics.gain_ratio.labels("run-a", unit, bound).set(value)
     metrics.trust_slope.labels("run-a").set(0.8)
     metrics.policy_share.labels("run-a").set(0.9)
+    metrics.deep_branch_share.labels("run-a").set(0.7)
     metrics.control_brier_skill.labels("run-a").set(0.1)
     metrics.observe_predictor("run-a", version=2, brier=0.2, ece=0.05, spearman=0.4)
     metrics.predictor_examples.labels("run-a").inc(100)

@@ -23,6 +23,7 @@ GAIN_METRICS: Final = {
     "trace/gain/control_trees": "complete control trees the estimate is measured on",
     "trace/split/policy_share": "the share of the step's budget that followed the policy (the rest: uniform)",
     "trace/split/policy_better": "P(the policy finds more mixed groups per turn than uniform), evidence",
+    "trace/split/deep_branch_share": "the share of the policy's trees that may branch below a first turn",
     "trace/trust/slope": "how far Stage 1 trusted the predictor (0: uniform's allocation; 1: as it is)",
     "trace/control/brier_skill": "the predictor's Brier skill on control prompts (> 0: it tells them apart)",
 }
@@ -36,6 +37,7 @@ def gain_metrics(allocation: AllocateResponse | None, stats: JobStats | None) ->
     if allocation is not None and allocation.split is not None:
         figures["trace/split/policy_share"] = allocation.split.policy_share
         figures["trace/split/policy_better"] = allocation.split.policy_better
+        figures["trace/split/deep_branch_share"] = allocation.split.deep_branch_share
     if stats is None:
         return figures
     if stats.gain is not None:

@@ -260,7 +260,8 @@ class TrustMap(ResponseModel):
 class BudgetSplit(ResponseModel):
     """How the allocation's bare rollouts were split between the policy's rule and uniform's (the control
     trees), chosen from the job's own evidence: the probability that the policy finds more mixed groups
-    per generated turn, kept within the request's `control_share` ε on each side."""
+    per generated turn, kept within the request's `control_share` ε on each side; and, by the same rule,
+    how the policy's trees were split between the two shapes of Stage 2."""
 
     policy_share: Probability = Field(
         description="The share of `budget` meant for the policy's trees; the rest went to control trees."
@@ -273,6 +274,23 @@ class BudgetSplit(ResponseModel):
         default=None,
         description="The gain that probability was read from: the policy's mixed groups per generated turn "
         "over the controls', with its 90% interval; null before both arms have a mixed tree.",
+    )
+    deep_branch_share: Probability = Field(
+        default=1.0,
+        description="Under `trace`: the share of the policy's trees that may branch at any depth the request "
+        "allows; the others, drawn at random, branch from their rollouts' first turns only (nearly fresh "
+        "rollouts of the prompt). Chosen like `policy_share`, from the job's evidence of which shape finds "
+        "more mixed groups per generated turn. 1 under the other policies.",
+    )
+    deep_branch_better: Probability = Field(
+        default=0.5,
+        description="P(trees branching at any depth find more mixed groups per generated turn than trees "
+        "branching from first turns) on the job's earlier steps (0.5 before any evidence).",
+    )
+    deep_gain_per_turn: GainRatio | None = Field(
+        default=None,
+        description="The gain that probability was read from: mixed groups per generated turn of the deep "
+        "trees over the first-turn trees, with its 90% interval; null before both have a mixed tree.",
     )
 
 

@@ -45,6 +45,14 @@ class StepStats(ResponseModel):
         default=None, description="The step's complete policy trees (what the gain reads of this step)."
     )
     control: ArmTotals | None = Field(default=None, description="The step's complete control trees.")
+    branch_deep: ArmTotals | None = Field(
+        default=None,
+        description="The step's complete policy trees that could branch at any depth (the shape split, "
+        "`split.deep_branch_share`).",
+    )
+    branch_first: ArmTotals | None = Field(
+        default=None, description="The step's complete policy trees that branched from first turns only."
+    )
 
     @computed_field  # type: ignore[prop-decorator]
     @property

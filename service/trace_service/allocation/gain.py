@@ -32,6 +32,11 @@ from typing import Literal
 
 #: The two arms of a job: its policy's trees, and its control trees.
 POLICY, CONTROL = "policy", "control"
+#: The policy's trees again, by the shape of their Stage 2: those that may branch below their first turn,
+#: and those that branch from first turns only (``allocation.split``, ``decide_shape``).
+BRANCH_DEEP, BRANCH_FIRST = "branch_deep", "branch_first"
+#: Every arm a step's totals keep sums of.
+ARMS = (POLICY, CONTROL, BRANCH_DEEP, BRANCH_FIRST)
 #: The normal quantile of a two-sided 90% interval.
 Z_90 = 1.6448536269514722
 
@@ -93,7 +98,9 @@ def arm_rate(steps: Iterable[tuple[float, ArmSums]], unit: Unit, *, haldane: boo
     """The module's ``(r, ν, β)`` of one arm from its steps' sums, each with its weight; None with no
     cost or under two trees' worth of evidence, and while the arm has no mixed tree, unless ``haldane``:
     then an arm with none counts half a mixed tree (Haldane's correction) with the relative variance of
-    a count of one half, ``ν = 2``, so that many trees and no mixed one still say the arm is poor."""
+    a count of one, ``ν = 1``, so that many trees and no mixed one still say the arm is poor, and never
+    better than one mixed tree would (a count of one half's own ``ν = 2`` would make the first mixed
+    tree look worse for the arm than none)."""
     weighted = [(w, sums) for w, sums in steps if w > 0 and sums.trees]
     trees = sum(w * s.trees for w, s in weighted)
     trees_sq = sum(w * w * s.trees for w, s in weighted)
@@ -105,13 +112,10 @@ def arm_rate(steps: Iterable[tuple[float, ArmSums]], unit: Unit, *, haldane: boo
         if not haldane:
             return None
         mean_weight = trees / sum(s.trees for _, s in weighted)
-        return Rate(0.5 * mean_weight / cost, 2.0, 0.0)
+        return Rate(0.5 * mean_weight / cost, 1.0, 0.0)
     effective = trees * trees / trees_sq
     r = mixed / cost
-    spread = sum(
-        w * w * max(s.mixed - 2 * r * s.costs(unit)[2] + r * r * s.costs(unit)[1], 0.0) for w, s in weighted
-    )
-    relative_variance = effective / (effective - 1) * spread / (r * cost) ** 2
+    relative_variance = relative_variance_at(weighted, unit, r)
     mean_cost, mean_mixed = cost / trees, mixed / trees
     cost_var = max(cost_sq / trees - mean_cost**2, 0.0)
     covariance = mixed_cost / trees - mean_mixed * mean_cost
@@ -119,16 +123,37 @@ def arm_rate(steps: Iterable[tuple[float, ArmSums]], unit: Unit, *, haldane: boo
     return Rate(r, relative_variance, relative_bias)
 
 
+def relative_variance_at(steps: Iterable[tuple[float, ArmSums]], unit: Unit, rate: float) -> float:
+    """The module's ``ν`` of one arm's rate, its spread measured around ``rate`` (the arm's own rate, or
+    one both arms share); infinite under two trees' worth of evidence."""
+    weighted = [(w, sums) for w, sums in steps if w > 0 and sums.trees]
+    trees = sum(w * s.trees for w, s in weighted)
+    trees_sq = sum(w * w * s.trees for w, s in weighted)
+    cost = sum(w * s.costs(unit)[0] for w, s in weighted)
+    if trees_sq <= 0 or trees * trees / trees_sq <= 1 or rate * cost <= 0:
+        return math.inf
+    effective = trees * trees / trees_sq
+    spread = sum(
+        w * w * max(s.mixed - 2 * rate * s.costs(unit)[2] + rate * rate * s.costs(unit)[1], 0.0)
+        for w, s in weighted
+    )
+    return effective / (effective - 1) * spread / (rate * cost) ** 2
+
+
 @dataclass(frozen=True, slots=True)
 class Gain:
     """The policy's rate over the controls': the bias-corrected ratio, its interval and the log ratio's
-    estimate and standard error that the interval is built from."""
+    estimate and standard error that the interval is built from, and the standard error it would have
+    if the arms were alike (``null_error``: each arm's spread measured around their pooled rate), whose
+    spread does not shrink as a poor arm's first mixed trees come in (``allocation.split`` reads the
+    smaller of the two)."""
 
     ratio: float
     low: float
     high: float
     log_ratio: float
     log_error: float
+    null_error: float
 
 
 def gain_ratio(
@@ -141,6 +166,7 @@ def gain_ratio(
 ) -> Gain | None:
     """The module's gain of the policy over the controls from each arm's weighted steps; None while
     either arm has no rate (see :func:`arm_rate` for ``haldane``)."""
+    policy, control = list(policy), list(control)
     mine, theirs = arm_rate(policy, unit, haldane=haldane), arm_rate(control, unit, haldane=haldane)
     if mine is None or theirs is None:
         return None
@@ -152,13 +178,25 @@ def gain_ratio(
         + (theirs.relative_bias - theirs.relative_variance / 2)
     )
     error = math.sqrt(mine.relative_variance + theirs.relative_variance)
+    pooled = _pooled_rate([*policy, *control], unit)
+    null_error = math.sqrt(
+        relative_variance_at(policy, unit, pooled) + relative_variance_at(control, unit, pooled)
+    )
     return Gain(
         ratio=raw / mean_bias if mean_bias > 0 else raw,
         low=math.exp(log_ratio - z * error),
         high=math.exp(log_ratio + z * error),
         log_ratio=log_ratio,
         log_error=error,
+        null_error=null_error,
     )
+
+
+def _pooled_rate(steps: list[tuple[float, ArmSums]], unit: Unit) -> float:
+    """Mixed trees per unit of both arms together (half a mixed tree when neither has one)."""
+    mixed = sum(w * s.mixed for w, s in steps)
+    cost = sum(w * s.costs(unit)[0] for w, s in steps)
+    return max(mixed, 0.5) / cost
 
 
 def unweighted(sums: ArmSums) -> list[tuple[float, ArmSums]]:

@@ -313,13 +313,16 @@ class PolicyRules:
     rollouts already disagree leaves its pooled part to those whose bare rollouts agree; None: each
     tree spends its own share), and whether its Stage 1 reads Ṽ through the job's trust map
     (``calibrated``, ``allocation.trust``: fitted to the job's recent bare groups, so that a predictor with no
-    skill on the job yields uniform's allocation) or as the predictor gives it."""
+    skill on the job yields uniform's allocation) or as the predictor gives it, and whether the job's
+    evidence chooses how deep its trees branch (``shaped``, ``allocation.split.decide_shape``: a share of
+    them branch from first turns only)."""
 
     roots: RootRule
     prefixes: PrefixRule
     keeps_only_mixed_groups: bool = False
     sharing: Sharing | None = None
     calibrated: bool = False
+    shaped: bool = False
 
     @property
     def needs(self) -> frozenset[Need]:
@@ -328,7 +331,7 @@ class PolicyRules:
 
 POLICIES: Mapping[Policy, PolicyRules] = MappingProxyType(
     {
-        Policy.TRACE: PolicyRules(TRACE_ROOTS, TRACE_PREFIXES, calibrated=True),
+        Policy.TRACE: PolicyRules(TRACE_ROOTS, TRACE_PREFIXES, calibrated=True, shaped=True),
         # The paper's rules read the predictor as it is.
         Policy.TRACE_PAPER: PolicyRules(TRACE_ROOTS, TRACE_PREFIXES),
         Policy.TRACE_JOINT: PolicyRules(JOINT_ROOTS, TRACE_PREFIXES, sharing=JOINT_SHARING, calibrated=True),

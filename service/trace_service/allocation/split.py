@@ -10,8 +10,10 @@ arm:
 
     π = clip(Φ(L / s + c),  ε, 1 − ε),       c = 1.645 − Φ⁻¹(0.8) ≈ 0.80,
 
-``L`` the bias-corrected log gain per turn and ``s`` its standard error (an arm with no mixed tree
-yet counts half of one, ``gain.arm_rate``), over the job's earlier steps each weighted
+``L`` the bias-corrected log gain per turn and ``s`` the smaller of its standard error and the one it
+would have if the arms were alike (``Gain.null_error``; the first keeps the promise below, the second
+keeps a poor arm's first mixed trees from lowering its share; an arm with no mixed tree yet counts
+half of one, ``gain.arm_rate``), over the job's earlier steps each weighted
 ``2^(−age / h)`` (``h`` the evidence's half-life in steps, so a job whose predictor gets better, or
 worse, is followed) over the last ``⌈10·h⌉`` of them (``evidence_steps``).  ``Φ(L/s)`` alone would be
 probability matching (the deterministic form of
@@ -40,6 +42,19 @@ What it guarantees against always playing the better arm, per step (``R`` the ga
 A job whose policy loses keeps moving to ``1 − ε`` of uniform as its evidence grows, and one whose
 policy wins keeps only the floor on controls.  A floor of ``ε ≥ 1/2`` pins the share at ``1 − ε``
 (no adaptation).
+
+The same rule chooses the shape of the policy's Stage 2 (``decide_shape``).  Whether continuations from
+deep prefixes pay depends on the task: where the predictor ranks a rollout's turns well they find contrast
+cheaply (a continuation from turn d generates only what follows it), where it does not a continuation from
+the first turn, nearly a fresh rollout of the prompt, flips the group's outcome more often.  So each policy
+tree is drawn, at random, one of two shapes, and the job's evidence of which finds more mixed groups per
+generated turn sets the odds: the share that may branch at any depth the request allows (*deep*) is
+
+    π_deep = clip(Φ(L_deep / s_deep + c),  ε, 1 − ε),
+
+``L_deep`` the bias-corrected log gain of the deep trees over the *first-turn* trees, with the same
+floor, tolerance and half-life, so that both estimates stay unbiased and a job starts on the paper's
+shape with ``Φ(c)`` of its trees.
 """
 
 from __future__ import annotations
@@ -49,7 +64,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from statistics import NormalDist
 
-from trace_service.allocation.gain import CONTROL, POLICY, Z_90, ArmSums, Gain, Unit, gain_ratio
+import numpy as np
+import numpy.typing as npt
+
+from trace_service.allocation.gain import (
+    BRANCH_DEEP,
+    BRANCH_FIRST,
+    CONTROL,
+    POLICY,
+    Z_90,
+    ArmSums,
+    Gain,
+    Unit,
+    gain_ratio,
+)
 
 #: The unit the split is decided in: what a user pays for is generated turns.
 SPLIT_UNIT: Unit = "turns"
@@ -58,6 +86,8 @@ EVIDENCE_HALF_LIVES = 10
 #: ``c``: the standard errors of shortfall the policy is allowed before it gives up half the budget,
 #: such that a 90% interval below 1 leaves it a fifth.
 TOLERANCE = Z_90 - NormalDist().inv_cdf(0.8)
+#: A log gain or standard error this small is rounding: zero.
+_NO_SPREAD = 1e-12
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +101,20 @@ class Split:
     @property
     def control_share(self) -> float:
         return 1.0 - self.policy_share
+
+
+@dataclass(frozen=True, slots=True)
+class BranchShape:
+    """The share of the policy's trees that may branch below their first turn, and the evidence it read
+    (the others branch from first turns only)."""
+
+    deep_share: float
+    deep_better: float
+    gain: Gain | None
+
+
+#: The shape of a job that keeps no evidence (no controls): every policy tree may branch at any depth.
+ANY_DEPTH = BranchShape(deep_share=1.0, deep_better=0.5, gain=None)
 
 
 def evidence_steps(now: int, half_life: float) -> range:
@@ -91,22 +135,62 @@ def decide_split(
 ) -> Split:
     """The module's share for the allocation of step ``now`` from the job's per-step totals
     (``ArmSums.figures`` of both arms), with the floor ``ε`` on each arm."""
+    share, better, gain = _arm_share(step_totals, now, floor, half_life, POLICY, CONTROL)
+    return Split(policy_share=share, policy_better=better, gain=gain)
+
+
+def decide_shape(
+    step_totals: Mapping[int, Mapping[str, int]], now: int, floor: float, half_life: float
+) -> BranchShape:
+    """The module's share of deep trees among the policy's trees of step ``now``, from the job's per-step
+    totals of both shapes, with the floor ``ε`` on each."""
+    share, better, gain = _arm_share(step_totals, now, floor, half_life, BRANCH_DEEP, BRANCH_FIRST)
+    return BranchShape(deep_share=share, deep_better=better, gain=gain)
+
+
+def _arm_share(
+    step_totals: Mapping[int, Mapping[str, int]],
+    now: int,
+    floor: float,
+    half_life: float,
+    arm: str,
+    other: str,
+) -> tuple[float, float, Gain | None]:
+    """``(π, Φ(L/s), gain)`` of ``arm`` against ``other`` (the module's rule)."""
     if not (math.isfinite(floor) and 0.0 <= floor <= 1.0):
         raise ValueError(f"the floor must lie in [0, 1], got {floor}")
     window = evidence_steps(now, half_life)
     weights = step_weights({s: None for s in step_totals if s in window}, now, half_life)
-    policy = [(w, ArmSums.from_figures(step_totals[s], POLICY)) for s, w in weights.items()]
-    control = [(w, ArmSums.from_figures(step_totals[s], CONTROL)) for s, w in weights.items()]
-    gain = gain_ratio(policy, control, SPLIT_UNIT, haldane=True)
+    mine = [(w, ArmSums.from_figures(step_totals[s], arm)) for s, w in weights.items()]
+    theirs = [(w, ArmSums.from_figures(step_totals[s], other)) for s, w in weights.items()]
+    gain = gain_ratio(mine, theirs, SPLIT_UNIT, haldane=True)
     if gain is None:
-        return Split(policy_share=_clip(_normal_cdf(TOLERANCE), floor), policy_better=0.5, gain=None)
-    if gain.log_error <= 0:  # every tree alike in both arms: the sign decides
-        better = 0.5 if gain.log_ratio == 0 else float(gain.log_ratio > 0)
-        return Split(policy_share=_clip(better, floor), policy_better=better, gain=gain)
-    z = gain.log_ratio / gain.log_error
-    return Split(
-        policy_share=_clip(_normal_cdf(z + TOLERANCE), floor), policy_better=_normal_cdf(z), gain=gain
-    )
+        return _clip(_normal_cdf(TOLERANCE), floor), 0.5, None
+    # The smaller of the two errors: the usual one keeps the promise of an interval below 1, the one
+    # at the pooled rate keeps a poor arm's first mixed trees from counting against it.
+    error = min(gain.log_error, gain.null_error)
+    if error <= _NO_SPREAD:  # every tree alike in both arms: z is 0 or infinite
+        if abs(gain.log_ratio) <= _NO_SPREAD:
+            return _clip(_normal_cdf(TOLERANCE), floor), 0.5, gain
+        better = float(gain.log_ratio > 0)
+        return _clip(better, floor), better, gain
+    z = gain.log_ratio / error
+    return _clip(_normal_cdf(z + TOLERANCE), floor), _normal_cdf(z), gain
+
+
+def draw_deep(
+    eligible: npt.NDArray[np.bool_], deep_share: float, rng: np.random.Generator
+) -> npt.NDArray[np.bool_]:
+    """Which of the ``eligible`` trees may branch at any depth: ``⌊π_deep·n + U⌋`` of the ``n`` eligible,
+    drawn uniformly (``U ~ Uniform[0, 1)``, so the share is exact on average); the others branch from
+    first turns."""
+    if not (math.isfinite(deep_share) and 0.0 <= deep_share <= 1.0):
+        raise ValueError(f"the deep share must lie in [0, 1], got {deep_share}")
+    slots = np.flatnonzero(eligible)
+    deep = np.zeros(eligible.size, dtype=bool)
+    count = min(math.floor(deep_share * slots.size + rng.random()), slots.size)
+    deep[rng.choice(slots, size=count, replace=False)] = True
+    return deep
 
 
 def _clip(share: float, floor: float) -> float:

@@ -4,6 +4,7 @@ per active prompt)."""
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -18,7 +19,8 @@ from trace_service.allocation import (
     root_value,
 )
 from trace_service.allocation.control_share import RootPlan, plan_roots
-from trace_service.allocation.split import Split
+from trace_service.allocation.gain import BRANCH_DEEP, BRANCH_FIRST
+from trace_service.allocation.split import BranchShape, Split, draw_deep
 from trace_service.allocation.trust import Trust
 from trace_service.engine.budget import StoreBudget
 from trace_service.engine.common import Clock, IdempotencyConflictError, fresh_ids
@@ -80,7 +82,8 @@ class Allocation:
                 await self.evidence.fitted(reads.control_groups, reads.policy_groups) if calibrated else None
             )
             split = self.evidence.split(reads.step_totals, request.step, request.control_share)
-            response, trees = await self._decide_roots(request, reads.history, split, trust)
+            shape = self.evidence.shape(reads.step_totals, request.step, request.control_share)
+            response, trees = await self._decide_roots(request, reads.history, split, shape, trust)
         await self.store.create_trees(trees, self.clock(), reserve=self._reserve(request, trees))
         if idempotency_key:
             body = response.model_dump_json()
@@ -122,6 +125,7 @@ class Allocation:
                 self.metrics.trust_slope.labels(job).set(response.trust.slope)
             if response.split is not None:
                 self.metrics.policy_share.labels(job).set(response.split.policy_share)
+                self.metrics.deep_branch_share.labels(job).set(response.split.deep_branch_share)
 
     async def _index(self, request: AllocateRequest, response: AllocateResponse) -> None:
         await self.store.index_allocation(
@@ -137,7 +141,12 @@ class Allocation:
         )
 
     async def _decide_roots(
-        self, request: AllocateRequest, history: list[PromptOutcomes], split: Split, trust: Trust | None
+        self,
+        request: AllocateRequest,
+        history: list[PromptOutcomes],
+        split: Split,
+        shape: BranchShape,
+        trust: Trust | None,
     ) -> tuple[AllocateResponse, list[NewTree]]:
         prompts = request.prompts
         predictor = await self.predictors.get(request.job, warm_from=request.predictor_from)
@@ -152,7 +161,13 @@ class Allocation:
         ]
         version, v = await predictor.predict(queries)
         return await off_loop(
-            len(prompts), self._plan_roots, request, history, version, v, predictor.freshness, split, trust
+            len(prompts),
+            self._plan_roots,
+            request,
+            history,
+            version,
+            v,
+            _Evidence(predictor.freshness, split, shape, trust),
         )
 
     def _plan_roots(
@@ -161,17 +176,33 @@ class Allocation:
         history: list[PromptOutcomes],
         version: int,
         v: npt.NDArray[np.float64],
-        freshness: float,
-        split: Split,
-        trust: Trust | None,
+        evidence: _Evidence,
     ) -> tuple[AllocateResponse, list[NewTree]]:
-        """Stage 1 from the job's predictions, the split of its budget, its trust map and continuation
-        freshness: the answer and the trees to create."""
+        """Stage 1 from the job's predictions and what its evidence says (the split of its budget, the
+        shape of its Stage 2, its trust map and continuation freshness): the answer and the trees to
+        create."""
+        trust = evidence.trust
         read = v if trust is None else trust.apply(v)
-        plan = self._stage1(request, history, read, freshness, split.control_share)
-        allocation_id, trees = _new_trees(request, history, plan, v, read)
-        shown = split if request.control_share > 0 else None
+        plan = self._stage1(request, history, read, evidence.freshness, evidence.split.control_share)
+        shapes = self._shapes(request, plan, evidence.shape)
+        allocation_id, trees = _new_trees(request, history, plan, shapes, v, read)
+        shown = (evidence.split, evidence.shape) if request.control_share > 0 else None
         return _response(request, allocation_id, trees, plan.counts, version, v, read, trust, shown), trees
+
+    def _shapes(self, request: AllocateRequest, plan: RootPlan, shape: BranchShape) -> list[str | None]:
+        """Each prompt's arm of the shape split: of the policy's trees that have continuations to place,
+        ``BRANCH_DEEP`` may branch at any depth the request allows, ``BRANCH_FIRST`` from first turns
+        only (``allocation.split.decide_shape``); None for the others, and for all when the policy's
+        shape is fixed or the request allows first turns only."""
+        shallow_only = request.max_branch_depth is not None and request.max_branch_depth <= 1
+        if not POLICIES[request.policy].shaped or request.control_share == 0 or shallow_only:
+            return [None] * plan.counts.size
+        branches = ~plan.control & (continuation_budget(plan.counts, request.expansion) > 0)
+        deep = draw_deep(branches, shape.deep_share, self._rng)
+        return [
+            (BRANCH_DEEP if d else BRANCH_FIRST) if b else None
+            for d, b in zip(deep.tolist(), branches.tolist(), strict=True)
+        ]
 
     def _stage1(
         self,
@@ -202,14 +233,26 @@ class Allocation:
         )
 
 
+@dataclass(frozen=True)
+class _Evidence:
+    """What the job's earlier trees say, as Stage 1 reads it."""
+
+    freshness: float
+    split: Split
+    shape: BranchShape
+    trust: Trust | None
+
+
 def _new_trees(
     request: AllocateRequest,
     history: list[PromptOutcomes],
     plan: RootPlan,
+    shapes: list[str | None],
     v: npt.NDArray[np.float64],
     read: npt.NDArray[np.float64],
 ) -> tuple[str, list[NewTree]]:
-    """The allocation's id, and a tree for each prompt the plan gives bare rollouts."""
+    """The allocation's id, and a tree for each prompt the plan gives bare rollouts, of its arm of the
+    shape split (``Allocation._shapes``)."""
     prompts, counts = request.prompts, plan.counts
     expansion = continuation_budget(counts, request.expansion).tolist()
     rollouts, predicted, control = counts.tolist(), v.tolist(), plan.control.tolist()
@@ -232,10 +275,11 @@ def _new_trees(
             policy=(Policy.UNIFORM if control[i] else request.policy).value,
             predicted_success=predicted[i],
             return_unspent=request.return_unspent,
-            max_branch_depth=request.max_branch_depth,
+            max_branch_depth=request.max_branch_depth if shapes[i] != BRANCH_FIRST else 1,
             prior_outcomes=(history[i].successes, history[i].trials),
             control=control[i],
             mixed_chance=mixed_chance[i],
+            shape=shapes[i],
         )
         for i, tree_id in zip(active, tree_ids, strict=True)
     ]
@@ -251,7 +295,7 @@ def _response(
     v: npt.NDArray[np.float64],
     read: npt.NDArray[np.float64],
     trust: Trust | None,
-    split: Split | None,
+    split: tuple[Split, BranchShape] | None,
 ) -> AllocateResponse:
     """The answer: the trees, the prompts given no rollouts, and what the plan expects."""
     rollouts, predicted = counts.tolist(), v.tolist()
@@ -282,7 +326,7 @@ def _response(
             "expected_mixed": float(root_value(read, counts).sum()),
             "budget": request.budget,
             "trust": None if trust is None else trust_map(trust),
-            "split": None if split is None else budget_split(split),
+            "split": None if split is None else budget_split(*split),
         }
     )
 

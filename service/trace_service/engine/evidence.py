@@ -8,7 +8,15 @@ from __future__ import annotations
 import numpy as np
 
 from trace_proto import BudgetSplit, ControlCalibration, GainRatio, PredictorInfo, TrustMap
-from trace_service.allocation.split import Split, decide_split, evidence_steps
+from trace_service.allocation.gain import Gain
+from trace_service.allocation.split import (
+    ANY_DEPTH,
+    BranchShape,
+    Split,
+    decide_shape,
+    decide_split,
+    evidence_steps,
+)
 from trace_service.allocation.trust import Trust, control_calibration, fit_trust
 from trace_service.offload import off_loop
 from trace_service.store import GroupOutcome, TreeStore
@@ -36,6 +44,13 @@ class JobEvidence:
         if floor == 0.0:
             return Split(policy_share=1.0, policy_better=0.5, gain=None)
         return decide_split(step_totals, step, floor, self.half_life)
+
+    def shape(self, step_totals: dict[int, dict[str, int]], step: int, floor: float) -> BranchShape:
+        """The share of the policy's trees of ``step`` that may branch below their first turn, from the
+        same totals; all of them when the floor is 0."""
+        if floor == 0.0:
+            return ANY_DEPTH
+        return decide_shape(step_totals, step, floor, self.half_life)
 
     @staticmethod
     async def fitted(controls: list[GroupOutcome], policy: list[GroupOutcome]) -> Trust:
@@ -83,14 +98,20 @@ def trust_map(trust: Trust) -> TrustMap:
     )
 
 
-def budget_split(split: Split) -> BudgetSplit:
-    """The wire form of a split."""
-    gain = split.gain
+def budget_split(split: Split, shape: BranchShape) -> BudgetSplit:
+    """The wire form of a split and the shape of the policy's Stage 2."""
     return BudgetSplit(
         policy_share=split.policy_share,
         policy_better=split.policy_better,
-        gain_per_turn=None if gain is None else GainRatio(ratio=gain.ratio, low=gain.low, high=gain.high),
+        gain_per_turn=_gain_ratio(split.gain),
+        deep_branch_share=shape.deep_share,
+        deep_branch_better=shape.deep_better,
+        deep_gain_per_turn=_gain_ratio(shape.gain),
     )
+
+
+def _gain_ratio(gain: Gain | None) -> GainRatio | None:
+    return None if gain is None else GainRatio(ratio=gain.ratio, low=gain.low, high=gain.high)
 
 
 def _columns(outcomes: list[GroupOutcome]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

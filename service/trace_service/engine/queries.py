@@ -19,7 +19,15 @@ from trace_proto import (
     TreeNode,
     TreeResponse,
 )
-from trace_service.allocation.gain import CONTROL, POLICY, ArmSums, Unit, gain_ratio
+from trace_service.allocation.gain import (
+    BRANCH_DEEP,
+    BRANCH_FIRST,
+    CONTROL,
+    POLICY,
+    ArmSums,
+    Unit,
+    gain_ratio,
+)
 from trace_service.allocation.tree import advantages
 from trace_service.engine.common import Clock, NotFoundError
 from trace_service.engine.completion import Completion
@@ -166,6 +174,8 @@ class JobStatistics:
             policy_share=share,
             policy=arm_totals(ArmSums.from_figures(totals, POLICY)),
             control=arm_totals(ArmSums.from_figures(totals, CONTROL)),
+            branch_deep=shape_totals(totals, BRANCH_DEEP),
+            branch_first=shape_totals(totals, BRANCH_FIRST),
         )
 
 
@@ -189,6 +199,14 @@ def gain_estimate(step_totals: Sequence[Mapping[str, int]]) -> GainEstimate:
         per_bare_rollout=ratio("bare"),
         per_turn=ratio("turns"),
     )
+
+
+def shape_totals(totals: Mapping[str, int], arm: str) -> ArmTotals | None:
+    """The wire form of a step's sums of one shape of the policy's Stage 2; None when the step drew no
+    shapes."""
+    if not totals.get(f"{BRANCH_DEEP}_trees") and not totals.get(f"{BRANCH_FIRST}_trees"):
+        return None
+    return arm_totals(ArmSums.from_figures(totals, arm))
 
 
 def arm_totals(sums: ArmSums) -> ArmTotals:

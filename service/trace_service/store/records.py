@@ -38,6 +38,7 @@ class NewTree:
     max_branch_depth: int | None = None  # continuations only from prefixes this shallow (None: any)
     control: bool = False  # drawn at random for the allocation's control share
     mixed_chance: float = 0.0  # P(its bare group is mixed) at the values Stage 1 read
+    shape: str | None = None  # its arm of the shape split (gain.BRANCH_DEEP or BRANCH_FIRST), if drawn
 
     def hash_fields(self, now: float) -> list[str]:
         """What a new tree stores, as a flat field/value list: its immutable spec as one JSON field, the
@@ -56,6 +57,7 @@ class NewTree:
             "max_branch_depth": self.max_branch_depth,
             "control": self.control,
             "mixed_chance": self.mixed_chance,
+            "shape": self.shape,
             "created_at": now,
         }
         return [
@@ -123,6 +125,7 @@ class TreeMeta:
     max_branch_depth: int | None = None
     control: bool = False
     mixed_chance: float = 0.0
+    shape: str | None = None
 
     @property
     def leaves(self) -> int:
@@ -166,6 +169,7 @@ class TreeMeta:
             max_branch_depth=spec["max_branch_depth"],
             control=bool(spec["control"]),
             mixed_chance=float(spec["mixed_chance"]),
+            shape=spec.get("shape"),  # absent in trees created before the shape split
             **counters,
         )
 
