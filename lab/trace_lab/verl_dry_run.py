@@ -221,7 +221,15 @@ class DryRun:
         self.options = options
         self.config = dry_run_config(options, model_dir)
         self.workload = SimWorkload(SimConfig(prompts=options.prompts), seed=options.seed)
-        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+        # Ray nices its workers to 15 by default: on a machine kept busy by other work they would get a
+        # hundredth of a core, and the step would wait on them for many minutes.
+        ray.init(
+            num_cpus=8,
+            include_dashboard=False,
+            log_to_driver=False,
+            ignore_reinit_error=True,
+            _system_config={"worker_niceness": 0},
+        )
         tq.init(self.config.transfer_queue)
         self.manager = TraceAgentLoopManager.create(
             config=self.config, llm_client=None, teacher_client=None, reward_loop_worker_handles=None
