@@ -110,3 +110,14 @@ def print_report(found: Sequence[Check]) -> None:
         if runs:
             share = sum(bool(check.covered) for check in runs) / len(runs)
             print(f"covered {label}: {share:.0%} of {len(runs)} (family, seed, arm) runs")
+    errors = [
+        (check.estimate.ratio - check.measured) / check.measured
+        for check in decided
+        if check.estimate is not None and check.measured
+    ]
+    if errors:
+        mean_abs = sum(abs(e) for e in errors) / len(errors)
+        print(
+            f"point estimate off by {mean_abs:.1%} on average ({sum(errors) / len(errors):+.1%} signed, "
+            f"{max(abs(e) for e in errors):.0%} at most) over {len(errors)} checks"
+        )

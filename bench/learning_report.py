@@ -82,8 +82,10 @@ class ArmFigures:
     #: Mixed groups per generated turn and per rollout over uniform's (GRPO's flat groups).
     mixed_per_turn: float
     mixed_per_rollout: float
-    #: The mean share of the budget that followed the policy's rule.
+    #: The mean share of the budget that followed the policy's rule, and of its trees that could branch
+    #: below their first turn.
     policy_share: float
+    deep_share: float
 
 
 def arm_figures(curves: dict[str, Curve]) -> dict[str, ArmFigures]:
@@ -109,6 +111,7 @@ def arm_figures(curves: dict[str, Curve]) -> dict[str, ArmFigures]:
             mixed_per_turn=_over(curve.mixed_per("turns"), uniform.mixed_per("turns")),
             mixed_per_rollout=_over(curve.mixed_per("rollouts"), uniform.mixed_per("rollouts")),
             policy_share=statistics.fmean(curve.policy_share) if curve.policy_share else 1.0,
+            deep_share=statistics.fmean(curve.deep_share) if curve.deep_share else 1.0,
         )
         for name, curve in curves.items()
     }
@@ -132,6 +135,7 @@ def print_seed_table(family: str, seed: int, curves: dict[str, Curve]) -> None:
     header = (
         f"{'arm':<14} {'final':>7} {'steps':>6} {'turns→uniform':>14} {'rollouts→uniform':>17}"
         f" {'mixed/step':>11} {'eff. ratio':>11} {'mixed/turn':>11} {'mixed/roll.':>11} {'policy':>7}"
+        f" {'deep':>6}"
     )
     print(header)
     print("-" * len(header))
@@ -140,6 +144,7 @@ def print_seed_table(family: str, seed: int, curves: dict[str, Curve]) -> None:
             f"{name:<14} {row.final_success:>7.3f} {row.steps:>6} {_ratio_cell(row.turns_ratio):>14} "
             f"{_ratio_cell(row.rollouts_ratio):>17} {row.mixed_per_step:>11.1f} {row.effective_ratio:>11.3f}"
             f" {row.mixed_per_turn:>11.2f} {row.mixed_per_rollout:>11.2f} {row.policy_share:>7.2f}"
+            f" {row.deep_share:>6.2f}"
         )
     for name, curve in curves.items():
         for what, shares in (("policy", curve.policy_share), ("deep branch", curve.deep_share)):
@@ -152,7 +157,7 @@ def print_summary(results: dict[str, dict[int, dict[str, Curve]]]) -> None:
     header = (
         f"{'family':<10} {'arm':<14} {'final success':>15} {'steps':>6} {'turns→uniform':>20}"
         f" {'rollouts→uniform':>20} {'mixed/step':>14} {'eff. ratio':>13} {'mixed/turn':>13}"
-        f" {'mixed/roll.':>13} {'policy':>11}"
+        f" {'mixed/roll.':>13} {'policy':>11} {'deep':>11}"
     )
     print(header)
     print("-" * len(header))
@@ -171,7 +176,8 @@ def print_summary(results: dict[str, dict[int, dict[str, Curve]]]) -> None:
                 f"{mean_spread([r.effective_ratio for r in rows]):>13} "
                 f"{mean_spread([r.mixed_per_turn for r in rows]):>13} "
                 f"{mean_spread([r.mixed_per_rollout for r in rows]):>13} "
-                f"{mean_spread([r.policy_share for r in rows]):>11}"
+                f"{mean_spread([r.policy_share for r in rows]):>11} "
+                f"{mean_spread([r.deep_share for r in rows]):>11}"
             )
     print(
         "final success: exact mean success of the held-out tasks once the arm has generated uniform's\n"
@@ -181,7 +187,8 @@ def print_summary(results: dict[str, dict[int, dict[str, Curve]]]) -> None:
         "success over uniform's own (< 1: faster than uniform). mixed/step: mixed groups per step;\n"
         "eff. ratio: mixed / active groups. mixed/turn, mixed/roll.: mixed groups per generated turn\n"
         "(per rollout) over uniform's flat groups'. policy: the mean share of the budget that followed\n"
-        "the arm's policy (the rest: control trees, uniform's rules)."
+        "the arm's policy (the rest: control trees, uniform's rules). deep: the mean share of its policy\n"
+        "trees that could branch below their first turn (the rest: from first turns only)."
     )
 
 

@@ -241,3 +241,5 @@ async def test_the_shape_is_fixed_without_controls_and_under_other_policies(stor
             allocation = await engine.allocation.allocate(request(step, 0.1, expansion=1.0, **fields), None)
             metas = await engine.store.load_metas([t.tree_id for t in allocation.trees])
             assert {meta.shape for meta in metas if meta} == {None}
+            # The response says so: every policy tree may branch at any depth the request allows.
+            assert allocation.split is None or allocation.split.deep_branch_share == 1.0

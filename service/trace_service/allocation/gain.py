@@ -36,7 +36,7 @@ POLICY, CONTROL = "policy", "control"
 #: and those that branch from first turns only (``allocation.split``, ``decide_shape``).
 BRANCH_DEEP, BRANCH_FIRST = "branch_deep", "branch_first"
 #: Every arm a step's totals keep sums of.
-ARMS = (POLICY, CONTROL, BRANCH_DEEP, BRANCH_FIRST)
+STEP_TOTAL_ARMS = (POLICY, CONTROL, BRANCH_DEEP, BRANCH_FIRST)
 #: The normal quantile of a two-sided 90% interval.
 Z_90 = 1.6448536269514722
 

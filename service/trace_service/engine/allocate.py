@@ -20,7 +20,7 @@ from trace_service.allocation import (
 )
 from trace_service.allocation.control_share import RootPlan, plan_roots
 from trace_service.allocation.gain import BRANCH_DEEP, BRANCH_FIRST
-from trace_service.allocation.split import BranchShape, Split, draw_deep
+from trace_service.allocation.split import ANY_DEPTH, BranchShape, Split, draw_deep
 from trace_service.allocation.trust import Trust
 from trace_service.engine.budget import StoreBudget
 from trace_service.engine.common import Clock, IdempotencyConflictError, fresh_ids
@@ -82,7 +82,11 @@ class Allocation:
                 await self.evidence.fitted(reads.control_groups, reads.policy_groups) if calibrated else None
             )
             split = self.evidence.split(reads.step_totals, request.step, request.control_share)
-            shape = self.evidence.shape(reads.step_totals, request.step, request.control_share)
+            shape = (
+                self.evidence.shape(reads.step_totals, request.step, request.control_share)
+                if draws_shapes(request)
+                else ANY_DEPTH
+            )
             response, trees = await self._decide_roots(request, reads.history, split, shape, trust)
         await self.store.create_trees(trees, self.clock(), reserve=self._reserve(request, trees))
         if idempotency_key:
@@ -184,20 +188,22 @@ class Allocation:
         trust = evidence.trust
         read = v if trust is None else trust.apply(v)
         plan = self._stage1(request, history, read, evidence.freshness, evidence.split.control_share)
-        shapes = self._shapes(request, plan, evidence.shape)
-        allocation_id, trees = _new_trees(request, history, plan, shapes, v, read)
+        expansion = continuation_budget(plan.counts, request.expansion)
+        shapes = self._shapes(request, plan, expansion, evidence.shape)
+        allocation_id, trees = _new_trees(request, history, plan, expansion, shapes, v, read)
         shown = (evidence.split, evidence.shape) if request.control_share > 0 else None
         return _response(request, allocation_id, trees, plan.counts, version, v, read, trust, shown), trees
 
-    def _shapes(self, request: AllocateRequest, plan: RootPlan, shape: BranchShape) -> list[str | None]:
+    def _shapes(
+        self, request: AllocateRequest, plan: RootPlan, expansion: npt.NDArray[np.int64], shape: BranchShape
+    ) -> list[str | None]:
         """Each prompt's arm of the shape split: of the policy's trees that have continuations to place,
         ``BRANCH_DEEP`` may branch at any depth the request allows, ``BRANCH_FIRST`` from first turns
-        only (``allocation.split.decide_shape``); None for the others, and for all when the policy's
-        shape is fixed or the request allows first turns only."""
-        shallow_only = request.max_branch_depth is not None and request.max_branch_depth <= 1
-        if not POLICIES[request.policy].shaped or request.control_share == 0 or shallow_only:
+        only (``allocation.split.decide_shape``); None for the others, and for all when the request
+        draws no shapes (:func:`draws_shapes`)."""
+        if not draws_shapes(request):
             return [None] * plan.counts.size
-        branches = ~plan.control & (continuation_budget(plan.counts, request.expansion) > 0)
+        branches = ~plan.control & (expansion > 0)
         deep = draw_deep(branches, shape.deep_share, self._rng)
         return [
             (BRANCH_DEEP if d else BRANCH_FIRST) if b else None
@@ -233,6 +239,14 @@ class Allocation:
         )
 
 
+def draws_shapes(request: AllocateRequest) -> bool:
+    """Whether the request's policy trees are drawn deep or first-turn: under a policy whose shape
+    follows evidence, with controls to keep the evidence (ε > 0), and a request that allows more than
+    first turns."""
+    shallow_only = request.max_branch_depth is not None and request.max_branch_depth <= 1
+    return POLICIES[request.policy].shaped and request.control_share > 0 and not shallow_only
+
+
 @dataclass(frozen=True)
 class _Evidence:
     """What the job's earlier trees say, as Stage 1 reads it."""
@@ -247,6 +261,7 @@ def _new_trees(
     request: AllocateRequest,
     history: list[PromptOutcomes],
     plan: RootPlan,
+    continuations: npt.NDArray[np.int64],
     shapes: list[str | None],
     v: npt.NDArray[np.float64],
     read: npt.NDArray[np.float64],
@@ -254,7 +269,7 @@ def _new_trees(
     """The allocation's id, and a tree for each prompt the plan gives bare rollouts, of its arm of the
     shape split (``Allocation._shapes``)."""
     prompts, counts = request.prompts, plan.counts
-    expansion = continuation_budget(counts, request.expansion).tolist()
+    expansion = continuations.tolist()
     rollouts, predicted, control = counts.tolist(), v.tolist(), plan.control.tolist()
     mixed_chance = bare_mixed_chance(read, counts).tolist()
     active = [i for i, count in enumerate(rollouts) if count > 0]

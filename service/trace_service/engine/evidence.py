@@ -10,7 +10,6 @@ import numpy as np
 from trace_proto import BudgetSplit, ControlCalibration, GainRatio, PredictorInfo, TrustMap
 from trace_service.allocation.gain import Gain
 from trace_service.allocation.split import (
-    ANY_DEPTH,
     BranchShape,
     Split,
     decide_shape,
@@ -47,9 +46,7 @@ class JobEvidence:
 
     def shape(self, step_totals: dict[int, dict[str, int]], step: int, floor: float) -> BranchShape:
         """The share of the policy's trees of ``step`` that may branch below their first turn, from the
-        same totals; all of them when the floor is 0."""
-        if floor == 0.0:
-            return ANY_DEPTH
+        same totals."""
         return decide_shape(step_totals, step, floor, self.half_life)
 
     @staticmethod

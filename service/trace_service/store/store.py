@@ -22,7 +22,7 @@ from trace_proto import ExpandEvent
 from trace_proto.v1.limits import MAX_TURNS_PER_HISTORY
 from trace_service.allocation import Reserve
 from trace_service.allocation.books import ClosedRound
-from trace_service.allocation.gain import ARMS, CONTROL, POLICY, ArmSums
+from trace_service.allocation.gain import CONTROL, POLICY, STEP_TOTAL_ARMS, ArmSums
 from trace_service.lifecycle import TreeStatus, is_success
 from trace_service.offload import off_loop
 from trace_service.store.keys import KeySpace
@@ -227,7 +227,7 @@ class TreeStore(PredictorOperations, MemoryOperations):
         ``idempotency_key`` (if any), the prompts' histories (:meth:`prompt_outcomes`), with ``groups``
         the job's recent groups of each arm (:meth:`group_outcomes`), and every arm's totals of the steps
         ``totals_of`` (as :meth:`step_totals` reads every step's)."""
-        figures = [f"{step}:{name}" for step in totals_of for arm in ARMS
+        figures = [f"{step}:{name}" for step in totals_of for arm in STEP_TOTAL_ARMS
                    for name in ArmSums.figure_names(arm)]  # fmt: skip
         async with self.redis.pipeline(transaction=False) as pipe:
             if idempotency_key:
