@@ -22,6 +22,7 @@ from trace_client import TraceClient, TraceUnavailable
 from trace_lab.local import RedisServer, ThreadedService
 from trace_proto import AllocateRequest, ExpandEvent, Instruction, Policy, PromptIn, TreeAllocation
 from trace_service.store import TreeStore, connect
+from trace_service.store.runner import ScriptCall
 
 T = TypeVar("T")
 
@@ -119,6 +120,30 @@ def test_a_stage2_claim_whose_decision_was_never_recorded_is_still_decided(
             client.expand(bare_rollouts(tree))
         instructions = client.expand(bare_rollouts(tree)).instructions or offered(client, job)
         assert sum(i.count for i in instructions) == tree.expansion_budget
+
+
+def test_instructions_claimed_between_their_offer_and_their_record_are_still_offered(
+    replica: ThreadedService, job: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decision offers its instructions, then records them: a worker that claims in between finds
+    them offered but not recorded while the decision is under way, and they stay offered."""
+    store, engine = store_of(replica), replica.app.state.engine
+    run = store.scripts.run
+    early: list[list[Instruction]] = []
+
+    async def claim_before_the_record(call: ScriptCall) -> object:
+        if call.script == "commit_decision" and not early:
+            early.append((await engine.instructions.claim(job, 10)).instructions)
+        return await run(call)
+
+    monkeypatch.setattr(store.scripts, "run", claim_before_the_record)
+    with TraceClient(replica.url, max_retries=0) as client:
+        tree = one_tree(client, job)
+        fail_once(monkeypatch, store, "commit_decision")  # the sweeper's decision then offers them at once
+        with pytest.raises(TraceUnavailable):
+            client.expand(bare_rollouts(tree))
+        assert sum(i.count for i in offered(client, job)) == tree.expansion_budget
+    assert early == [[]]  # the claim came in between, and took nothing not yet recorded
 
 
 def test_instructions_recorded_but_whose_answer_was_lost_are_still_offered(

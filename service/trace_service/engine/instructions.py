@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from trace_proto import Instruction, InstructionsResponse
 from trace_service.engine.common import Clock
 from trace_service.metrics import OTHER_JOBS, Metrics
@@ -24,14 +26,20 @@ class Instructions:
         claimed = await self.store.claim_instructions(job, max_items=max_items, lease=lease, now=now)
         instructions: list[Instruction] = []
         finished: list[tuple[str, str]] = []
+        on_their_way: dict[str, dict[str, float]] = {}
         # Of each tree, what a claim reads: its instructions while it is not finished (a large tree is
         # read beside the loop).
-        trees: dict[str, dict[str, StoredInstruction] | None] = {}
+        trees: dict[str, _OpenInstructions | None] = {}
         for tree_id, instruction_id, offered_until in claimed:
             if tree_id not in trees:
                 trees[tree_id] = await self.store.with_tree(tree_id, _open_instructions)
-            open_instructions = trees[tree_id]
-            stored = open_instructions.get(instruction_id) if open_instructions else None
+            tree = trees[tree_id]
+            stored = tree.instructions.get(instruction_id) if tree else None
+            if stored is None and tree and tree.deciding:
+                # Offered by a decision not recorded yet (a decision offers, then records): offered
+                # again as it was.  Once no decision is under way, an offer never recorded is dropped.
+                on_their_way.setdefault(tree_id, {})[instruction_id] = offered_until
+                continue
             if stored is None or stored.unstarted <= 0:
                 finished.append((tree_id, instruction_id))
                 continue
@@ -45,6 +53,8 @@ class Instructions:
                     count=stored.unstarted,
                 )
             )
+        for tree_id, offers in on_their_way.items():
+            await self.store.queue_instructions(job, tree_id, offers)
         await self.store.dequeue_instructions(job, finished)
         backlog = await self.store.queue_length(job)
         if (label := self.metrics.job_label(job)) != OTHER_JOBS:  # a gauge shared by jobs would mean nothing
@@ -52,6 +62,11 @@ class Instructions:
         return InstructionsResponse(instructions=instructions, lease_seconds=lease)
 
 
-def _open_instructions(tree: StoredTree) -> dict[str, StoredInstruction]:
-    """A tree's instructions, none once the tree is finished."""
-    return {} if tree.meta.finished else tree.instructions
+class _OpenInstructions(NamedTuple):
+    instructions: dict[str, StoredInstruction]
+    deciding: bool  # a Stage 2 decision was under way when the tree was read
+
+
+def _open_instructions(tree: StoredTree) -> _OpenInstructions | None:
+    """A tree's instructions as one read saw them, none once the tree is finished."""
+    return None if tree.meta.finished else _OpenInstructions(tree.instructions, tree.deciding)

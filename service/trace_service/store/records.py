@@ -266,6 +266,9 @@ class StoredTree:
     nodes: list[StoredNode]
     instructions: dict[str, StoredInstruction] = field(default_factory=dict)
     predictions: dict[str, float] = field(default_factory=dict)
+    #: A Stage 2 decision was claimed and not yet recorded when the tree was read: instructions it has
+    #: offered may still be on their way to ``instructions``.
+    deciding: bool = False
 
     @classmethod
     def from_hashes(
@@ -285,6 +288,7 @@ class StoredTree:
                 key: StoredInstruction.from_json(key, raw) for key, raw in pairs(instructions).items()
             },
             predictions={key: float(value) for key, value in pairs(predictions).items()},
+            deciding=int(header.get("decision_round") or 0) > 0,
         )
 
     def parent_indices(self) -> list[int]:
