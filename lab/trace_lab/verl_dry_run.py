@@ -24,9 +24,11 @@ batches are still generating, and a group the buffer evicts is refilled with a f
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import logging
 import math
+import multiprocessing
 import tempfile
 import time
 import uuid
@@ -352,6 +354,22 @@ def dry_run(options: DryRunOptions) -> Iterator[DryRun]:
             yield run
         finally:
             run.close()
+
+
+def run_steps(options: DryRunOptions, steps: Sequence[int]) -> list[StepReport]:
+    """The dry run's ``steps`` in a process of its own, started afresh.
+
+    Ray cannot be started again safely in a process whose threads used an earlier session, and its
+    native threads can crash the interpreter as it exits; a process per run keeps the caller's (a test
+    session, a benchmark) free of both."""
+    context = multiprocessing.get_context("spawn")  # a fork would copy the caller's threads' locks
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        return pool.submit(_steps_here, options, list(steps)).result()
+
+
+def _steps_here(options: DryRunOptions, steps: list[int]) -> list[StepReport]:
+    with dry_run(options) as run:
+        return [run.step(step) for step in steps]
 
 
 def sessions_per_uid(keys: Sequence[str]) -> Counter[str]:

@@ -30,8 +30,7 @@ class DryRunStep:
 def dry_run_step() -> DryRunStep:
     with ThreadedService.from_settings(idle_settings()) as live:
         options = dry_run.DryRunOptions(url=live.url, pool=12, budget=12, expansion=1.0, prompts=48, seed=4)
-        with dry_run.dry_run(options) as run:
-            report = run.step(1)
+        (report,) = dry_run.run_steps(options, [1])
         with TraceClient(live.url) as client:
             trees = {f["trace_tree_id"]: client.get_tree(f["trace_tree_id"]) for f in report.fields}
             version = client.predictor_info().version
@@ -126,8 +125,7 @@ def async_dry_run_steps() -> list[dry_run.StepReport]:
         options = dry_run.DryRunOptions(
             url=live.url, pool=12, budget=12, expansion=1.0, prompts=48, seed=5, mode="colocate_async"
         )
-        with dry_run.dry_run(options) as run:
-            return [run.step(step) for step in (1, 2, 3)]
+        return dry_run.run_steps(options, [1, 2, 3])
 
 
 @pytest.mark.slow
