@@ -37,7 +37,9 @@ advantage of `bench.advantages` computed from the tree's rewards instead of the 
 `--turn-weight rollout` averages over rollouts instead of turns (each tree weighs its scored leaves,
 shared alike among its turns), for every arm. An arm `<arm>+pilot` spends `--pilot-share` of M in a first
 allocation over the pool and the rest in a second, whose Stage 1 reads the first wave's outcomes in the
-prompts' history (two steps of its job per learning step; each wave's trees are their own groups).
+prompts' history (two steps of its job per learning step; each wave's trees are their own groups). An
+arm `<arm>-shape` allocates with `shape_from_evidence: false` (every tree deep), and `<arm>~<share>`
+with that control share.
 
 The horizon: uniform takes `--steps` steps. Under `--horizon turns` (the default) every other arm then
 steps on until it has generated as many turns as uniform did, at most twice the steps: a branching arm's
@@ -236,6 +238,7 @@ class ServiceArm(ArmRun):
             policy=self.arm.policy,
             control_share=self.arm.control_share,
             max_branch_depth=self.max_branch_depth,
+            shape_from_evidence=self.arm.shape_from_evidence,
             prompts=[prompt_in(self.labels.shown(prompt)) for prompt in pool],
         )
         result = await self.driver.run_step(request)

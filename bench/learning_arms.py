@@ -1,5 +1,6 @@
 """The arms of the learners (`bench/learning.py`, `bench/lm/`): an allocation rule with its budget, the
-tree advantage it trains on and its ablations (`<arm>@<advantage>`, `<arm>+pilot`, `<arm>~<share>`)."""
+tree advantage it trains on and its ablations (`<arm>@<advantage>`, `<arm>+pilot`, `<arm>-shape`,
+`<arm>~<share>`)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ class Arm:
     pilot: float = 0.0
     #: The request's control share ε (arm `<arm>~<share>`; the contract's default otherwise).
     control_share: float = DEFAULT_CONTROL_SHARE
+    #: The request's `shape_from_evidence` (arm `<arm>-shape`: false, every tree deep).
+    shape_from_evidence: bool = True
 
     @property
     def flat(self) -> bool:
@@ -61,19 +64,24 @@ class Arm:
 PILOT_SUFFIX = "+pilot"
 #: An arm named `<arm>~<share>` allocates with that control share (`Arm.control_share`).
 SHARE_MARK = "~"
+#: An arm named `<arm>-shape` allocates with the shape's draw off (`Arm.shape_from_evidence`).
+FIXED_SHAPE_SUFFIX = "-shape"
 
 
 def variant_arm(name: str, known: dict[str, Arm], pilot_share: float) -> Arm | None:
     """The ablation `name` names, None when it names none: `<arm>~<share>` allocates with another control
     share; `<arm>@<advantage>` trains on another tree advantage; `<arm>+pilot` (an arm of the service,
-    after any `@<advantage>`) allocates in two waves."""
+    after any `@<advantage>`) allocates in two waves; `<arm>-shape` (an arm of the service, after any
+    `+pilot`) keeps every tree deep."""
     named, _, share = name.partition(SHARE_MARK)
+    fixed_shape = named.endswith(FIXED_SHAPE_SUFFIX)
+    named = named.removesuffix(FIXED_SHAPE_SUFFIX)
     piloted = named.endswith(PILOT_SUFFIX)
     base, _, advantage = named.removesuffix(PILOT_SUFFIX).partition("@")
     arm = known.get(base)
     if arm is None or base == UNIFORM or (advantage and advantage not in ADVANTAGES):
         return None
-    if (piloted or share) and arm.policy is None:
+    if (piloted or share or fixed_shape) and arm.policy is None:
         return None
     try:
         control_share = float(share) if share else arm.control_share
@@ -87,6 +95,7 @@ def variant_arm(name: str, known: dict[str, Arm], pilot_share: float) -> Arm | N
         advantage=advantage or arm.advantage,
         pilot=pilot_share if piloted else 0.0,
         control_share=control_share,
+        shape_from_evidence=not fixed_shape,
     )
 
 

@@ -1,11 +1,20 @@
-"""The ablation arms bench/learning.py builds from a name: another tree advantage, a pilot wave."""
+"""The ablation arms bench/learning.py builds from a name: another tree advantage, a pilot wave, the
+shape's draw off."""
 
 from __future__ import annotations
 
 import pytest
 
 from bench.learning import parse_args
-from bench.learning_arms import ORACLE, PILOT_SUFFIX, UNIFORM, Arm, build_arms, variant_arm
+from bench.learning_arms import (
+    FIXED_SHAPE_SUFFIX,
+    ORACLE,
+    PILOT_SUFFIX,
+    UNIFORM,
+    Arm,
+    build_arms,
+    variant_arm,
+)
 from trace_proto import Policy
 
 
@@ -33,10 +42,21 @@ def test_a_pilot_arm_spends_its_share_first_and_may_name_an_advantage(known: dic
     assert both is not None and (both.pilot, both.advantage) == (0.5, "local")
 
 
+def test_a_fixed_shape_arm_keeps_its_other_marks(known: dict[str, Arm]) -> None:
+    fixed = variant_arm(f"trace{FIXED_SHAPE_SUFFIX}", known, 0.5)
+    all_marks = variant_arm(f"trace@local{PILOT_SUFFIX}{FIXED_SHAPE_SUFFIX}~0.2", known, 0.5)
+    assert fixed is not None and not fixed.shape_from_evidence and fixed.control_share == Arm.control_share
+    assert all_marks is not None and not all_marks.shape_from_evidence
+    assert (all_marks.advantage, all_marks.pilot, all_marks.control_share) == ("local", 0.5, 0.2)
+    assert known["trace"].shape_from_evidence
+
+
 @pytest.mark.parametrize(
     "name",
     [
         "nope",
+        f"{ORACLE}{FIXED_SHAPE_SUFFIX}",
+        f"trace{FIXED_SHAPE_SUFFIX}{PILOT_SUFFIX}",
         "trace@nope",
         f"{UNIFORM}@global",  # uniform's groups are flat: its baseline is the group's
         f"{UNIFORM}{PILOT_SUFFIX}",

@@ -233,10 +233,17 @@ async def test_the_shape_of_stage_2_follows_the_evidence_and_stats_show_it(store
         assert drawn.count(BRANCH_FIRST) >= 0.8 * len(drawn) - 1
 
 
-async def test_the_shape_is_fixed_without_controls_and_under_other_policies(store_url: str) -> None:
+async def test_the_shape_is_fixed_without_controls_under_other_policies_or_by_the_request(
+    store_url: str,
+) -> None:
     async with running_engine(store_url) as engine:
         for step, fields in enumerate(
-            [{"control_share": 0.0}, {"policy": "trace_paper"}, {"max_branch_depth": 1}]
+            [
+                {"control_share": 0.0},
+                {"policy": "trace_paper"},
+                {"max_branch_depth": 1},
+                {"shape_from_evidence": False},
+            ]
         ):
             allocation = await engine.allocation.allocate(request(step, 0.1, expansion=1.0, **fields), None)
             metas = await engine.store.load_metas([t.tree_id for t in allocation.trees])

@@ -196,6 +196,13 @@ class AllocateRequest(RequestModel):
         "turn of a bare rollout, nearly a fresh rollout); null: from any depth (under `trace`, a tree whose "
         "bare rollouts agree branches from first turns either way).",
     )
+    shape_from_evidence: StrictBool = Field(
+        default=True,
+        description="Under `trace` with controls (ε > 0) and more than first turns allowed: each policy "
+        "tree branches either at any depth the request allows (deep) or from first turns only, the deep "
+        "share chosen by the split's rule from the job's evidence of which shape finds more mixed groups "
+        "per generated turn (`split.deep_branch_share`). false: every tree is deep.",
+    )
     prompts: list[PromptIn] = Field(min_length=1, max_length=MAX_PROMPTS_PER_REQUEST)
 
     @model_validator(mode="after")

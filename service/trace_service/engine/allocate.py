@@ -242,9 +242,14 @@ class Allocation:
 def draws_shapes(request: AllocateRequest) -> bool:
     """Whether the request's policy trees are drawn deep or first-turn: under a policy whose shape
     follows evidence, with controls to keep the evidence (ε > 0), and a request that allows more than
-    first turns."""
+    first turns and has not fixed the shape."""
     shallow_only = request.max_branch_depth is not None and request.max_branch_depth <= 1
-    return POLICIES[request.policy].shaped and request.control_share > 0 and not shallow_only
+    return (
+        POLICIES[request.policy].shaped
+        and request.shape_from_evidence
+        and request.control_share > 0
+        and not shallow_only
+    )
 
 
 @dataclass(frozen=True)
