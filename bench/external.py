@@ -52,7 +52,7 @@ from trace_client import AsyncTraceClient
 from trace_client.driver import DriverConfig, RolloutDriver
 from trace_client.envs import Environment, EnvironmentWorker, Episode, GymnasiumEnvironment, ReplayStats
 from trace_lab.local import RedisServer, ServiceProcess
-from trace_proto import AllocateRequest, GainEstimate, PromptIn
+from trace_proto import GainEstimate, PromptIn
 from trace_service.allocation.gain import ArmSums
 
 FROZEN_LAKE_MOVES = ((0, -1), (1, 0), (0, 1), (-1, 0))  # FrozenLake's actions: left, down, right, up
@@ -210,14 +210,10 @@ class Tally:
 async def run_arm_step(
     arm: Arm, job: str, driver: RolloutDriver, task: Task, step: int, pool: Sequence[int], tally: Tally
 ) -> None:
-    assert arm.policy is not None
-    request = AllocateRequest(
+    request = arm.request(
         job=job,
         step=step,
         budget=arm.budget,
-        expansion=arm.expansion,
-        policy=arm.policy,
-        control_share=arm.control_share,
         prompts=[
             PromptIn(prompt_id=f"{task.name}-{k}", text=task.text(k), metadata={"seed": k}) for k in pool
         ],
@@ -300,7 +296,7 @@ def print_summary(results: dict[str, dict[int, dict[str, Tally]]]) -> None:
             replay = [None if r.replay is None else r.replay.steps_per_depth for r in rows]
             print(
                 f"{env:<12} {name:<14} {mean_spread(per_turn):>14} {mean_spread(per_rollout):>14} "
-                f"{mean_spread(shares):>14} {mean_spread(replay):>12}"
+                f"{mean_spread(shares):>14} {mean_spread(replay, none='—'):>12}"
             )
 
 

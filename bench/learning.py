@@ -96,7 +96,6 @@ from trace_lab.local import RedisServer, ServiceProcess
 from trace_lab.sim import FAMILIES, Prompt, make_workload
 from trace_lab.sim.base import PolicyWorkload
 from trace_lab.sim.workers import prompt_in
-from trace_proto import AllocateRequest
 from trace_service.allocation.gain import ArmSums
 from trace_service.allocation.tree import FreshnessEstimate
 
@@ -228,18 +227,13 @@ class ServiceArm(ArmRun):
     ) -> tuple[list[FinishedTree], tuple[float, float]]:
         """The wave's finished trees, the share of its budget meant for the policy and the share of the
         policy's trees that could branch below their first turn."""
-        assert self.arm.policy is not None
-        request = AllocateRequest(
+        request = self.arm.request(
             job=self.job,
             step=step,
             budget=budget,
-            expansion=self.arm.expansion,
-            max_rollouts=self.max_rollouts,
-            policy=self.arm.policy,
-            control_share=self.arm.control_share,
-            max_branch_depth=self.max_branch_depth,
-            shape_from_evidence=self.arm.shape_from_evidence,
             prompts=[prompt_in(self.labels.shown(prompt)) for prompt in pool],
+            max_rollouts=self.max_rollouts,
+            max_branch_depth=self.max_branch_depth,
         )
         result = await self.driver.run_step(request)
         if result.timed_out:

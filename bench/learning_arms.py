@@ -5,9 +5,10 @@ tree advantage it trains on and its ablations (`<arm>@<advantage>`, `<arm>+pilot
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from bench.advantages import ADVANTAGES
-from trace_proto import DEFAULT_CONTROL_SHARE, PREDICTOR_POLICIES, Policy
+from trace_proto import DEFAULT_CONTROL_SHARE, PREDICTOR_POLICIES, AllocateRequest, Policy, PromptIn
 from trace_service.allocation import POLICIES, continuation_budget
 
 UNIFORM = "uniform"
@@ -36,6 +37,24 @@ class Arm:
     control_share: float = DEFAULT_CONTROL_SHARE
     #: The request's `shape_from_evidence` (arm `<arm>-shape`: false, every tree deep).
     shape_from_evidence: bool = True
+
+    def request(
+        self, *, job: str, step: int, budget: int, prompts: list[PromptIn], **limits: Any
+    ) -> AllocateRequest:
+        """The arm's allocation over ``prompts``: its policy, expansion, control share and shape; ``limits``
+        are the request's other fields."""
+        assert self.policy is not None, "the oracle allocates in process"
+        return AllocateRequest(
+            job=job,
+            step=step,
+            budget=budget,
+            expansion=self.expansion,
+            policy=self.policy,
+            control_share=self.control_share,
+            shape_from_evidence=self.shape_from_evidence,
+            prompts=prompts,
+            **limits,
+        )
 
     @property
     def flat(self) -> bool:

@@ -20,12 +20,12 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def mean_spread(values: Sequence[float | None], digits: int = 2) -> str:
+def mean_spread(values: Sequence[float | None], digits: int = 2, none: str = "> horizon") -> str:
     """mean ± std of the values that exist, and how many of them do when some are missing (a ratio past
-    the horizon, say); "> horizon" when none does."""
+    the horizon, say); ``none`` when none does."""
     present = [value for value in values if value is not None]
     if not present:
-        return "> horizon"
+        return none
     mean, spread = mean_std(present)
     reached = "" if len(present) == len(values) else f" ({len(present)}/{len(values)})"
     return f"{mean:.{digits}f} ± {spread:.{digits}f}{reached}"
